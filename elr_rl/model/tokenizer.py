@@ -59,3 +59,24 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+# ------------------------------------------------------------------------------------------
+# The prompt/response format shared by SFT, rollouts and evaluation:
+#     <|bos|> prompt-bytes <|sep|> response-bytes <|eos|>
+# The model learns to answer after <|sep|> and to stop with <|eos|>.
+
+
+def encode_prompt(prompt: str) -> list[int]:
+    """Token ids of a prompt, ending in <|sep|>: the model's turn starts right after."""
+    return [BOS_ID, *prompt.encode("utf-8"), SEP_ID]
+
+
+def encode_response(response: str, eos: bool = True) -> list[int]:
+    """Token ids of a response (bytes), closed by <|eos|> unless `eos=False`."""
+    return [*response.encode("utf-8"), *([EOS_ID] if eos else [])]
+
+
+def decode_bytes(ids: list[int]) -> str:
+    """Text of the byte tokens in `ids` (special tokens dropped; invalid UTF-8 replaced)."""
+    return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")

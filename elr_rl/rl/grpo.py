@@ -1,0 +1,120 @@
+"""GRPO as small pure functions on tensors.
+
+Shapes: per-token tensors are [B, T] over response tokens, with `mask` [B, T]
+(1 for tokens the policy produced, 0 for padding and environment text).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """A_i = (r_i - mean_g(r)) / (std_g(r) + eps); without std normalisation (Dr. GRPO) A_i = r_i - mean_g(r).
+
+    `rewards` is [num_groups, G]; the result has the same shape.
+    """
+    centred = rewards - rewards.mean(dim=-1, keepdim=True)
+    if not std_normalize:
+        return centred
+    return centred / (rewards.std(dim=-1, keepdim=True, unbiased=False) + eps)
+
+
+def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
+    """Dynamic sampling: a group whose rewards are all equal has zero advantage and carries no signal."""
+    return (rewards.max(dim=-1).values - rewards.min(dim=-1).values) > 0
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token") -> torch.Tensor:
+    """Reduce a per-token loss.
+
+    token:    sum_{i,t} l_it m_it / sum_{i,t} m_it  (every token weighs the same; DAPO)
+    sequence: mean_i [ sum_t l_it m_it / sum_t m_it ]  (every sequence weighs the same; GRPO)
+    """
+    mask = mask.to(per_token.dtype)
+    if mode == "token":
+        return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+    if mode == "sequence":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+        return per_seq.mean()
+    raise ValueError(f"loss aggregation must be 'token' or 'sequence', got {mode!r}")
+
+
+def clipped_surrogate(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO loss with separate clip ranges (clip-higher):
+
+        rho = exp(logp - old_logp)
+        l   = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)
+
+    `advantages` broadcasts over tokens ([B, 1] or [B, T]). Returns (loss [B, T], clipped [B, T] bool).
+    """
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, clipped < unclipped
+
+
+def truncated_is_weights(
+    learner_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float = 2.0, log_clamp: float = 20.0
+) -> torch.Tensor:
+    """Off-policy correction for stale or last_loop-cache rollouts (truncated importance sampling):
+
+        w = min(exp(clamp(logp_learner - logp_rollout, -c, c)), cap)     (no gradient)
+
+    The log-ratio is clamped before exp so a wild mismatch cannot overflow.
+    """
+    log_ratio = (learner_logp - rollout_logp).detach().clamp(-log_clamp, log_clamp)
+    return torch.exp(log_ratio).clamp(max=cap)
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 >= 0."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """H = -sum_v p_v log p_v per position."""
+    logp = logits.float().log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: str = "token",
+    tis_cap: float | None = 2.0,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The whole per-batch objective: TIS-weighted clipped surrogate + kl_coef * k3 - entropy_coef * H."""
+    per_token, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
+    stats: dict[str, float] = {}
+    m = mask.bool()
+    if tis_cap is not None:
+        w = truncated_is_weights(old_logp, rollout_logp, cap=tis_cap)
+        per_token = per_token * w
+        stats["is_weight_mean"] = float(w[m].mean()) if m.any() else 1.0
+    if ref_logp is not None and kl_coef > 0:
+        kl = kl_k3(logp, ref_logp)
+        per_token = per_token + kl_coef * kl
+        stats["kl"] = float(kl.detach()[m].mean()) if m.any() else 0.0
+    if entropy is not None:
+        if entropy_coef:
+            per_token = per_token - entropy_coef * entropy
+        stats["entropy"] = float(entropy.detach()[m].mean()) if m.any() else 0.0
+    loss = aggregate(per_token, mask, aggregation)
+    if m.any():
+        stats["clip_frac"] = float(clipped[m].float().mean())
+        stats["ratio_mean"] = float(torch.exp(logp - old_logp).detach()[m].mean())
+    return loss, stats
