@@ -32,6 +32,10 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   # `import transformers` beside the CPU torch (shared/FACTS.md): remove them.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   echo "$HASH" > "$STAMP"
+fi
+# The dashboard's browser tests drive Debian's chromium (installed only when missing).
+if [ ! -x /usr/bin/chromium ] && [ -z "${ELR_SKIP_BROWSER:-}" ]; then
+  bash "$ROOT/scripts/install_browser.sh" || echo "[setup] could not install chromium: browser tests will fail" >&2
 else
   # Source changes need no reinstall (editable install); refresh entry points cheaply.
   :

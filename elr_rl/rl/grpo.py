@@ -25,18 +25,26 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards.max(dim=-1).values - rewards.min(dim=-1).values) > 0
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token") -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token", normalizer: float | None = None
+) -> torch.Tensor:
     """Reduce a per-token loss.
 
     token:    sum_{i,t} l_it m_it / sum_{i,t} m_it  (every token weighs the same; DAPO)
     sequence: mean_i [ sum_t l_it m_it / sum_t m_it ]  (every sequence weighs the same; GRPO)
+
+    `normalizer` replaces the denominator (token count, or sequence count) when a batch
+    is split over microbatches and ranks: each piece then divides by the batch's total,
+    so the pieces add up to the whole batch's loss.
     """
     mask = mask.to(per_token.dtype)
     if mode == "token":
-        return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+        denom = mask.sum().clamp_min(1.0) if normalizer is None else normalizer
+        return (per_token * mask).sum() / denom
     if mode == "sequence":
         per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
-        return per_seq.mean()
+        denom = (mask.sum(-1) > 0).sum().clamp_min(1) if normalizer is None else normalizer
+        return per_seq.sum() / denom
     raise ValueError(f"loss aggregation must be 'token' or 'sequence', got {mode!r}")
 
 
@@ -96,6 +104,7 @@ def grpo_loss(
     kl_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The whole per-batch objective: TIS-weighted clipped surrogate + kl_coef * k3 - entropy_coef * H."""
     per_token, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
@@ -113,7 +122,7 @@ def grpo_loss(
         if entropy_coef:
             per_token = per_token - entropy_coef * entropy
         stats["entropy"] = float(entropy.detach()[m].mean()) if m.any() else 0.0
-    loss = aggregate(per_token, mask, aggregation)
+    loss = aggregate(per_token, mask, aggregation, normalizer)
     if m.any():
         stats["clip_frac"] = float(clipped[m].float().mean())
         stats["ratio_mean"] = float(torch.exp(logp - old_logp).detach()[m].mean())

@@ -1,0 +1,282 @@
+"""Run metrics: JSON lines always, TensorBoard by default, Weights & Biases when configured.
+
+The run directory is the contract between a training run and everything that
+watches it (the dashboard, TensorBoard, a user with `jq`). Its layout:
+
+    RUN_DIR/
+      config.yaml                 resolved config of the run (elr_rl.config.save_config)
+      metrics.jsonl               one JSON object per logged step (below)
+      curriculum/routing.jsonl    one JSON object per step: what the loop curriculum routed where
+      profile/*.parquet           pass-rate tables (one row per prompt and loop count)
+      tensorboard/                TensorBoard event files (same keys as metrics.jsonl)
+
+metrics.jsonl: `{"step": int, "time": unix seconds, KEY: value, ...}` with flat
+keys named as in the field's usual tools. A value is a number, `null` (a
+non-finite number), or a list of numbers (raw samples, a histogram in
+TensorBoard). Keys the dashboard knows (any others are kept and ignored):
+
+    reward/mean, reward/k{k}, reward/env/{env}
+    pass_rate/mean, pass_rate/k{k}, pass_rate/env/{env}
+    response_length/mean, response_length/k{k}, response_length/env/{env}
+    curriculum/prompts_k{k}       prompts routed to loop count k in this step's batch
+    curriculum/mean_q_k{k}        mean pass-rate quantile q of those prompts
+    perf/tokens_per_s, perf/weight_sync_s, perf/rollout_idle_ratio, perf/learner_idle_ratio
+    async/staleness_mean, async/staleness_max, faults/restarted_workers
+    loss/policy, kl, entropy, clip_frac, lr, grad_norm
+
+A step may be logged again after a resume from a checkpoint; readers treat a
+step that is not larger than the previous one as a rewind (later rows win).
+
+curriculum/routing.jsonl, either raw values per loop count
+    `{"step": s, "time": t, "k": {"4": {"q": [...], "score": [...], "pass_rate": [...]}, ...}}`
+or pre-binned counts over [0, 1]
+    `{"step": s, "time": t, "hist": {"edges": [0.0, ..., 1.0], "score": {"4": [counts]}, "q": {...}}}`.
+
+profile/*.parquet columns: prompt_id (str), env (str), difficulty (int),
+seed (int), k (int), samples (int), successes (int), pass_rate (float),
+mean_response_tokens (float); extra columns are shown too. The most recently
+written file is the current profile (write it under a temporary name and
+rename it into place, so a reader never opens half a table).
+
+Every line is written with a single `write` and flushed, so a reader sees
+whole lines plus at most one partial trailing line, which it must skip
+(`read_jsonl` does) and pick up on its next read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+ROUTING_FILE = "curriculum/routing.jsonl"
+PROFILE_DIR = "profile"
+CONFIG_FILE = "config.yaml"
+TENSORBOARD_DIR = "tensorboard"
+RESERVED_KEYS = ("step", "time")
+
+
+@dataclass
+class MetricsConfig:
+    """Where a run's metrics go besides metrics.jsonl (which is always written)."""
+
+    tensorboard: bool = True
+    """Write TensorBoard event files under RUN_DIR/tensorboard."""
+    wandb_project: str | None = None
+    """Weights & Biases project; None (the default) means W&B is off."""
+    wandb_entity: str | None = None
+    """W&B entity (team or user); None uses the account default."""
+    wandb_mode: str = "online"
+    """W&B mode: "online", "offline" (sync later with `wandb sync`) or "disabled"."""
+    wandb_init: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for `wandb.init` (name, tags, group, ...)."""
+
+    def wandb_kwargs(self) -> dict[str, Any] | None:
+        """The `wandb` argument for `MetricsWriter`: None when W&B is not configured."""
+        if self.wandb_project is None:
+            return None
+        kwargs = {"project": self.wandb_project, "mode": self.wandb_mode, **self.wandb_init}
+        if self.wandb_entity is not None:
+            kwargs["entity"] = self.wandb_entity
+        return kwargs
+
+
+def to_json_value(value: Any) -> Any:
+    """A JSON-safe copy of a metric value: numbers stay, NaN/inf become None, arrays become lists.
+
+    Tensors and numpy values are converted through `.tolist()` (0-d gives a number).
+    """
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [to_json_value(v) for v in value]
+    raise ValueError(f"metric value {value!r} of type {type(value).__name__} is not a number or a list of numbers")
+
+
+def append_jsonl(path: str | Path, row: Mapping[str, Any]) -> None:
+    """Append one JSON object as one line, in one write, and flush it to the OS."""
+    line = json.dumps(to_json_value(row), allow_nan=False, separators=(",", ":")) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+
+
+@dataclass
+class JsonlChunk:
+    """Complete lines read from a JSON-lines file, starting at a byte offset."""
+
+    rows: list[dict[str, Any]]
+    """Parsed objects, in file order."""
+    next_offset: int
+    """Byte offset just past the last complete line: pass it to the next read."""
+    skipped: int = 0
+    """Complete lines that were not JSON objects (corrupt); they are left out."""
+    reset: bool = False
+    """True when the file shrank below the offset (rewritten), so reading restarted at 0."""
+
+
+def read_jsonl(path: str | Path, offset: int = 0) -> JsonlChunk:
+    """Read the complete lines of `path` from byte `offset` on; a partial trailing line is left for later.
+
+    A missing file reads as empty. If the file is now shorter than `offset`
+    (rewritten by a new run), reading restarts at 0 and `reset` is True.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return JsonlChunk([], 0, reset=offset > 0)
+    reset = False
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if offset > size:
+            offset, reset = 0, True
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1  # 0 when no complete line yet
+    rows, skipped = [], 0
+    for raw in data[:end].splitlines():
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            skipped += 1
+            continue
+        if isinstance(obj, dict):
+            rows.append(obj)
+        else:
+            skipped += 1
+    return JsonlChunk(rows, offset + end, skipped, reset)
+
+
+def _field(item: Any, name: str) -> Any:
+    return item[name] if isinstance(item, Mapping) else getattr(item, name)
+
+
+def routing_from_assignments(assignments: Iterable[Any]) -> dict[int, dict[str, list[float]]]:
+    """One batch's routed prompts grouped by loop count: `{k: {"q": [...], "score": [...]}}`.
+
+    Takes the curriculum's `Assignment`s (or dicts with k, q, score): the argument of `log_routing`.
+    """
+    per_k: dict[int, dict[str, list[float]]] = {}
+    for a in assignments:
+        group = per_k.setdefault(int(_field(a, "k")), {"q": [], "score": []})
+        group["q"].append(float(_field(a, "q")))
+        group["score"].append(float(_field(a, "score")))
+    return dict(sorted(per_k.items()))
+
+
+def curriculum_metrics(assignments: Iterable[Any]) -> dict[str, float]:
+    """`curriculum/prompts_k{k}` (prompts routed to k) and `curriculum/mean_q_k{k}` (their mean q) of one batch."""
+    out: dict[str, float] = {}
+    for k, group in routing_from_assignments(assignments).items():
+        out[f"curriculum/prompts_k{k}"] = len(group["q"])
+        out[f"curriculum/mean_q_k{k}"] = sum(group["q"]) / len(group["q"])
+    return out
+
+
+def _now(wall_time: float | None) -> float:
+    return time.time() if wall_time is None else float(wall_time)
+
+
+class MetricsWriter:
+    """Writes a run's metrics to RUN_DIR/metrics.jsonl, TensorBoard and (when configured) W&B.
+
+    `wandb` is None (off) or the keyword arguments of `wandb.init`; wandb is
+    imported only then, so it is not a dependency of the project.
+    """
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, wandb: Mapping[str, Any] | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / METRICS_FILE
+        self.routing_path = self.run_dir / ROUTING_FILE
+        self._tb = None
+        self._wandb_run = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # torch is heavy: import only when asked
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))
+        if wandb is not None:
+            try:
+                import wandb as wandb_module
+            except ImportError:
+                raise ValueError(
+                    "Weights & Biases logging is configured but `wandb` is not installed: "
+                    "`pip install wandb`, or unset wandb_project"
+                ) from None
+            self._wandb_run = wandb_module.init(dir=str(self.run_dir), **dict(wandb))
+
+    @classmethod
+    def from_config(cls, run_dir: str | Path, cfg: MetricsConfig) -> MetricsWriter:
+        return cls(run_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb_kwargs())
+
+    def log(self, step: int, metrics: Mapping[str, Any], wall_time: float | None = None) -> None:
+        """Record one step's metrics: numbers become scalars, lists of numbers become histograms.
+
+        `wall_time` (unix seconds) defaults to now; replays and the demo run pass their own.
+        """
+        bad = [k for k in metrics if k in RESERVED_KEYS]
+        if bad:
+            raise ValueError(f"metric names {bad} are reserved for the row itself: rename them")
+        values = {str(k): to_json_value(v) for k, v in metrics.items()}
+        append_jsonl(self.metrics_path, {"step": int(step), "time": _now(wall_time), **values})
+        if self._tb is not None:
+            for key, value in values.items():
+                self._tb_add(key, value, step, wall_time)
+        if self._wandb_run is not None:
+            self._wandb_run.log({k: v for k, v in values.items() if v is not None}, step=int(step))
+
+    def log_routing(
+        self, step: int, per_k: Mapping[int, Mapping[str, Sequence[float]]], wall_time: float | None = None
+    ) -> None:
+        """Record what the curriculum routed to each loop count: `{k: {"q": [...], "score": [...]}}`."""
+        self.routing_path.parent.mkdir(parents=True, exist_ok=True)
+        record = {str(k): {name: to_json_value(v) for name, v in fields.items()} for k, fields in per_k.items()}
+        append_jsonl(self.routing_path, {"step": int(step), "time": _now(wall_time), "k": record})
+        if self._tb is not None:
+            for k, fields in record.items():
+                for name, values in fields.items():
+                    self._tb_add(f"curriculum/{name}_k{k}", values, step, wall_time)
+
+    def _tb_add(self, key: str, value: Any, step: int, wall_time: float | None) -> None:
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            return
+        if isinstance(value, (int, float)):
+            self._tb.add_scalar(key, value, step, walltime=wall_time)
+        elif isinstance(value, list):
+            finite = [v for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if finite:
+                import numpy as np
+
+                self._tb.add_histogram(key, np.asarray(finite, dtype=np.float64), step, walltime=wall_time)
+
+    def flush(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        """Flush and close TensorBoard and W&B; metrics.jsonl is already on disk line by line."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,207 @@
+"""Typed configuration of an RL run (`elr-rl rl CONFIG [key=value ...]`).
+
+Schema defaults live here; YAML files under configs/ hold values only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from curriculum.routing import CurriculumConfig
+from elr_rl.train.config import EngineConfig, OptimConfig
+
+
+def _fail(field_name: str, problem: str, fix: str) -> None:
+    raise ValueError(f"config field `{field_name}`: {problem}; {fix}")
+
+
+@dataclass
+class RolloutConfig:
+    """Rollout workers: one vLLM engine each."""
+
+    num_workers: int = 1
+    """Rollout worker actors (each owns one vLLM engine)."""
+    group_size: int = 4
+    """G: completions sampled per prompt (one GRPO group)."""
+    max_new_tokens: int = 32
+    """Token budget of one model turn."""
+    max_model_len: int = 512
+    """Longest prompt + episode the engine serves."""
+    temperature: float = 1.0
+    """Sampling temperature (logprobs are reported before temperature, as raw logprobs)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1 = off)."""
+    cache_mode: str = "per_loop"
+    """per_loop (sampler equals teacher forcing) or last_loop (memory flat in k; the learner corrects by TIS)."""
+    dtype: str = "float32"
+    """Engine dtype: float32 or bfloat16."""
+    device: str = "auto"
+    """auto, cpu or cuda (the vLLM build installed must match)."""
+    num_cpus_per_worker: float = 1.0
+    """CPUs reserved by each worker actor."""
+    num_gpus_per_worker: float = 0.0
+    """GPUs reserved by each worker actor (1 on a CUDA cluster)."""
+    prompts_per_request: int = 4
+    """Prompts handed to a worker per generate call (smaller: finer-grained asynchrony)."""
+
+    def validate(self) -> None:
+        for name in ("num_workers", "group_size", "max_new_tokens", "prompts_per_request"):
+            if getattr(self, name) < 1:
+                _fail(f"rollout.{name}", f"got {getattr(self, name)}", "use 1 or more")
+        if self.group_size < 2:
+            _fail("rollout.group_size", f"got {self.group_size}", "GRPO needs groups of at least 2 completions")
+        if self.cache_mode not in ("per_loop", "last_loop"):
+            _fail("rollout.cache_mode", f"got {self.cache_mode!r}", "use per_loop or last_loop")
+
+
+@dataclass
+class AlgoConfig:
+    """GRPO hyper-parameters."""
+
+    std_normalize: bool = True
+    """Divide group-centred rewards by the group's std (False: Dr. GRPO)."""
+    clip_low: float = 0.2
+    """Lower clip range: ratios below 1 - clip_low are clipped."""
+    clip_high: float = 0.28
+    """Upper clip range (clip-higher): ratios above 1 + clip_high are clipped."""
+    aggregation: str = "token"
+    """token (every token weighs the same) or sequence (every sequence weighs the same)."""
+    tis_cap: Optional[float] = 2.0
+    """Truncated importance-sampling cap against the rollout logprobs (None: no correction)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to the frozen initial policy (0: no reference model)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (entropy is always logged)."""
+    dynamic_sampling: bool = True
+    """Drop groups whose rewards are all equal (they carry no signal)."""
+    overlong_filter: bool = True
+    """Drop samples that hit the token budget without finishing."""
+    groups_per_step: int = 8
+    """Prompt groups consumed by one learner step."""
+    updates_per_batch: int = 1
+    """Optimizer steps per batch (> 1: the clip ratio departs from 1 after the first)."""
+
+    def validate(self) -> None:
+        if self.aggregation not in ("token", "sequence"):
+            _fail("algo.aggregation", f"got {self.aggregation!r}", "use token or sequence")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            _fail("algo.clip_low", f"got {self.clip_low}/{self.clip_high}", "use 0 <= clip_low < 1 and clip_high >= 0")
+        if self.groups_per_step < 1 or self.updates_per_batch < 1:
+            _fail("algo.groups_per_step", "must be >= 1 (and updates_per_batch >= 1)", "raise it")
+
+
+@dataclass
+class AsyncConfig:
+    """How generation and training overlap."""
+
+    mode: str = "async"
+    """async: generation never waits for the learner; sync: generate, then train, then sync weights."""
+    max_staleness: int = 1
+    """Groups produced more than this many policy versions ago are not trained on."""
+    parity_check_sequences: int = 2
+    """Sequences whose logprobs are compared between a worker and the learner after each sync (0: off)."""
+
+    def validate(self) -> None:
+        if self.mode not in ("async", "sync"):
+            _fail("async_.mode", f"got {self.mode!r}", "use async or sync")
+        if self.max_staleness < 0:
+            _fail("async_.max_staleness", f"got {self.max_staleness}", "use 0 or more policy versions")
+
+
+@dataclass
+class LearnerConfig:
+    """The DeepSpeed learner (the training stages' engine)."""
+
+    world_size: int = 1
+    """Data-parallel learner ranks (Ray actors)."""
+    num_cpus_per_rank: float = 1.0
+    """CPUs reserved by each rank actor."""
+    num_gpus_per_rank: float = 0.0
+    """GPUs reserved by each rank actor."""
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(grad_accum_steps=1, accelerator="auto"))
+    """ZeRO stage, precision, device (grad_accum_steps is set per step from the loop counts present)."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    """AdamW settings; the lr is constant after warmup_steps."""
+    warmup_steps: int = 0
+    """Linear lr warm-up in learner steps."""
+    max_seq_len: int = 512
+    """Prompt + response tokens per sample seen by the learner (longer samples are cut)."""
+
+    def validate(self) -> None:
+        if self.world_size < 1:
+            _fail("learner.world_size", f"got {self.world_size}", "use 1 or more")
+        self.engine.validate()
+        self.optim.validate()
+
+
+@dataclass
+class EnvsConfig:
+    """The prompt pool: environments x difficulties x seeds."""
+
+    names: list[str] = field(default_factory=lambda: ["arith_multidigit"])
+    """Registered environment names (`elr-rl envs list`)."""
+    difficulties: list[int] = field(default_factory=lambda: [1])
+    """Difficulty levels of the pool."""
+    num_seeds: int = 64
+    """Seeds per (environment, difficulty)."""
+    seed_offset: int = 0
+    """First seed (evaluation uses seeds beyond the training range)."""
+    scoring_workers: int = 1
+    """Processes of the scoring pool."""
+
+    def validate(self) -> None:
+        if not self.names:
+            _fail("envs.names", "no environment given", "name at least one (elr-rl envs list)")
+        if self.num_seeds < 1:
+            _fail("envs.num_seeds", f"got {self.num_seeds}", "use 1 or more")
+
+
+@dataclass
+class RunConfig:
+    """Run length, checkpoints, logging."""
+
+    output_dir: str = "runs/rl-tiny"
+    """Run directory: resolved config, metrics.jsonl, checkpoints, curriculum state, rollouts."""
+    total_steps: int = 20
+    """Learner steps (policy versions) to train."""
+    save_interval: int = 10
+    """Checkpoint every this many steps (and at the end)."""
+    resume: bool = True
+    """Continue from the newest checkpoint in output_dir if there is one."""
+    stop_after_steps: int = 0
+    """Stop (after saving) once this step is reached, as if interrupted; 0 runs to total_steps."""
+    seed: int = 0
+    """Seed of sampling, curriculum and learner."""
+    ray_address: Optional[str] = None
+    """Address of an existing Ray cluster; None starts (or joins) a local one."""
+    ray_num_cpus: Optional[int] = None
+    """CPUs a locally started Ray may use (None: all)."""
+    sample_log_interval: int = 5
+    """Write a few decoded rollouts to rollouts.jsonl every this many steps (0: never)."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+
+
+@dataclass
+class RLConfig:
+    """One asynchronous GRPO run."""
+
+    model_path: str = "runs/quickstart/sft/final"
+    """Checkpoint folder to start from (config.json, model.safetensors)."""
+    run: RunConfig = field(default_factory=RunConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    async_: AsyncConfig = field(default_factory=AsyncConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(batch_size=8))
+    envs: EnvsConfig = field(default_factory=EnvsConfig)
+
+    def validate(self) -> None:
+        if not (Path(self.model_path) / "config.json").is_file():
+            _fail("model_path", f"{self.model_path!r} is not a checkpoint folder (no config.json)",
+                  "point it at a pretrain/SFT output (e.g. runs/quickstart/sft/final)")
+        for part in (self.rollout, self.algo, self.async_, self.learner, self.envs):
+            part.validate()
+        self.curriculum.validate()

@@ -1,0 +1,370 @@
+"""The RL driver: a single controller that reads like the algorithm.
+
+    assign   (curriculum service)   -> (prompt, k) assignments
+    generate (rollout workers)      -> groups of G completions, tagged with their policy version
+    score    (environment pool)     -> rewards, streamed as groups finish
+    advantage + update (learner)    -> one optimizer step over all depths
+    sync     (learner -> workers)   -> new weights, then a logprob parity spot-check
+
+In async mode generation never waits for the learner: workers keep sampling
+with the weights they hold while the learner trains, and a group older than
+`max_staleness` versions is dropped. Sync mode runs the same steps in order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter, deque
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from elr_rl.rl.config import RLConfig
+from elr_rl.rl.run_state import RunState, latest_checkpoint, save_run_state
+from elr_rl.rl.samples import Group, RolloutBuffer, learner_batches, select_samples
+from elr_rl.rl.stats import step_metrics
+
+log = logging.getLogger("elr_rl.rl")
+
+
+class Driver:
+    def __init__(self, cfg: RLConfig) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run.output_dir)
+        self.buffer = RolloutBuffer()
+        self.queue: deque[dict[str, Any]] = deque()  # assignments waiting for a worker
+        self.inflight: dict[Any, tuple[int, list[dict[str, Any]]]] = {}  # ref -> (worker index, assignments)
+        self.scoring: list[tuple[Group, list[Future]]] = []
+        self.ledger: Counter[str] = Counter()  # what happened to every scheduled prompt group
+        self.step = 0
+        self.version = 0
+        self.window: list[Group] = []  # groups scored since the last metrics row
+        self.routed: list[Any] = []  # assignments handed out since the last metrics row
+
+    # ------------------------------------------------------------------ set-up
+    def _start(self) -> None:
+        import ray
+
+        from curriculum.routing import build_pool
+        from curriculum.service import start_curriculum_service
+        from elr_rl.config import save_config
+        from elr_rl.metrics import MetricsWriter
+        from elr_rl.rl.learner import LearnerGroup
+        from environments.pool import ScoringPool
+        from environments.registry import load_env_class
+
+        c = self.cfg
+        if not ray.is_initialized():
+            ray.init(address=c.run.ray_address, num_cpus=c.run.ray_num_cpus, include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.WARNING)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(c, self.run_dir / "config.yaml")
+        self.env_classes = {name: load_env_class(name) for name in c.envs.names}
+        resume = latest_checkpoint(self.run_dir) if c.run.resume else None
+        self.state = RunState.load(resume) if resume else None
+        pool = build_pool(c.envs.names, c.envs.difficulties, range(c.envs.seed_offset, c.envs.seed_offset + c.envs.num_seeds))
+        self.curriculum = start_curriculum_service(c.curriculum, pool, str(self.run_dir))
+        self.metrics = MetricsWriter(self.run_dir)
+        self.scorer = ScoringPool(c.envs.scoring_workers)
+        self.learner = LearnerGroup(c, resume_dir=str(resume) if resume else None)
+        weights_from = str(resume) if resume else c.model_path
+        if self.state is not None:
+            ray.get(self.curriculum.load_state_dict.remote(self.state.curriculum))
+            self.step, self.version = self.state.step, self.state.version
+            self.buffer.load_state_dict(self.state.buffer)
+            self.queue.extend(self.state.queue)
+            self.ledger.update(self.state.ledger)
+            log.warning("resumed from %s at step %d (%d buffered groups, %d queued prompts)",
+                        resume, self.step, len(self.buffer), len(self.queue))
+        self.workers = [self._new_worker(i, weights_from) for i in range(c.rollout.num_workers)]
+        self.worker_restarts = 0
+
+    def _new_worker(self, i: int, model_path: str):
+        import ray
+
+        from elr_rl.rl.rollout_worker import RolloutWorker
+
+        c = self.cfg.rollout
+        actor = ray.remote(num_cpus=c.num_cpus_per_worker, num_gpus=c.num_gpus_per_worker, max_restarts=0)(RolloutWorker)
+        env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+        handle = actor.options(runtime_env={"env_vars": env}).remote(i, model_path, c, self.cfg.run.seed, self.version)
+        ray.get(handle.ping.remote())
+        return handle
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict[str, Any]:
+        import ray
+
+        self._start()
+        c = self.cfg
+        stop_at = c.run.stop_after_steps or c.run.total_steps
+        bar = _progress(c.run.progress, self.step, c.run.total_steps)
+        learner_ref, learner_started, batch_info = None, 0.0, None
+        learner_busy = rollout_wait = 0.0
+        t_run = time.perf_counter()
+        try:
+            while self.step < stop_at:
+                self._schedule(learner_busy=learner_ref is not None)
+                self._collect_generations(timeout=0.05)
+                self._collect_scores()
+                if learner_ref is None:
+                    batch = self.buffer.pop_batch(c.algo.groups_per_step, self.version, c.async_.max_staleness)
+                    self.ledger["dropped_stale"] = self.buffer.dropped_stale
+                    if batch is not None:
+                        learner_ref, batch_info = self._train(batch)
+                        learner_started = time.perf_counter()
+                    else:
+                        rollout_wait += 0.05
+                    continue
+                done, _ = ray.wait(learner_ref, num_returns=len(learner_ref), timeout=0)
+                if len(done) < len(learner_ref):
+                    continue
+                results = ray.get(learner_ref)
+                learner_busy += time.perf_counter() - learner_started
+                learner_ref = None
+                self.step += 1
+                self.version += 1
+                sync_s, parity = self._sync_weights(batch_info)
+                wall = time.perf_counter() - t_run
+                row = step_metrics(results, batch_info, self.version, self.window, self.ledger, self.worker_restarts,
+                                   sync_s, parity, learner_busy / wall, rollout_wait / wall, wall)
+                row.update(_curriculum_metrics(self.routed))
+                self.routed = []
+                self.metrics.log(self.step, row)
+                self._log_samples(batch_info)
+                self.window = []
+                bar.update(1)
+                bar.set_postfix(reward=f"{row.get('reward/mean', 0):.2f}", stale=self.ledger["dropped_stale"])
+                if self.step % c.run.save_interval == 0 or self.step >= stop_at:
+                    self._checkpoint()
+        finally:
+            bar.close()
+            summary = {"step": self.step, "version": self.version, "ledger": dict(self.ledger),
+                       "restarted_workers": self.worker_restarts}
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            self._shutdown()
+        return summary
+
+    # ------------------------------------------------------------ generation
+    def _schedule(self, learner_busy: bool) -> None:
+        """Hand prompts to idle workers (sync mode: only what the next step needs, never while training)."""
+        import ray
+
+        c = self.cfg
+        need = c.algo.groups_per_step
+        pending_groups = len(self.buffer) + sum(len(a) for _, a in self.inflight.values()) + len(self.scoring)
+        if c.async_.mode == "sync":
+            if learner_busy or pending_groups >= need:
+                return
+        elif pending_groups >= need * (c.async_.max_staleness + 2):
+            return  # far enough ahead: more would only go stale
+        busy = {w for w, _ in self.inflight.values()}
+        for i, worker in enumerate(self.workers):
+            if i in busy:
+                continue
+            if c.async_.mode == "sync":
+                pending_groups = len(self.buffer) + sum(len(a) for _, a in self.inflight.values()) + len(self.scoring)
+                if pending_groups >= need:
+                    return
+            while len(self.queue) < c.rollout.prompts_per_request:
+                batch = ray.get(self.curriculum.next_batch.remote())
+                self.queue.extend(a.to_dict() for a in batch)
+                self.ledger["scheduled"] += len(batch)
+                self.metrics.log_routing(self.step, _routing(batch))
+                self.routed.extend(batch)
+            n = c.rollout.prompts_per_request
+            if c.async_.mode == "sync":
+                n = min(n, need - pending_groups)
+            work = [self.queue.popleft() for _ in range(n)]
+            self.inflight[worker.generate.remote(work)] = (i, work)
+
+    def _collect_generations(self, timeout: float) -> None:
+        import ray
+        from ray.exceptions import RayActorError
+
+        if not self.inflight:
+            time.sleep(timeout)
+            return
+        ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=timeout)
+        for ref in ready:
+            i, work = self.inflight.pop(ref)
+            try:
+                groups = [Group.from_dict(g) for g in ray.get(ref)]
+            except RayActorError as exc:
+                self._restart_worker(i, work, exc)
+                continue
+            for g in groups:
+                self._score(g)
+
+    def _restart_worker(self, i: int, work: list[dict[str, Any]], exc: Exception) -> None:
+        """A dead worker: start a new one on the latest weights and re-queue its prompts."""
+        log.warning("rollout worker %d died (%s): restarting it and re-queueing %d prompts", i, type(exc).__name__, len(work))
+        for w, (j, other) in list(self.inflight.items()):
+            if j == i:  # anything else it held is lost with it
+                work = work + other
+                del self.inflight[w]
+        self.queue.extendleft(reversed(work))
+        self.ledger["requeued"] += len(work)
+        self.worker_restarts += 1
+        self.workers[i] = self._new_worker(i, self.cfg.model_path)
+        if self.version > 0:
+            self._push_weights([self.workers[i]], self._weights_ref)
+
+    # ------------------------------------------------------------------ scoring
+    def _score(self, group: Group) -> None:
+        env_cls = self.env_classes[group.assignment["env"]]
+        if env_cls.multi_turn:  # the worker scored the episode while running it
+            self._finish_group(group)
+            return
+        from environments.registry import get_env
+
+        task = get_env(group.assignment["env"]).generate(int(group.assignment["seed"]), int(group.assignment["difficulty"]))
+        futures = [self.scorer.submit(group.assignment["env"], task, s.text) for s in group.samples]
+        self.scoring.append((group, futures))
+
+    def _collect_scores(self) -> None:
+        still = []
+        for group, futures in self.scoring:
+            if not all(f.done() for f in futures):
+                still.append((group, futures))
+                continue
+            for s, f in zip(group.samples, futures):
+                score = f.result()
+                s.reward, s.accuracy, s.error = float(score.reward), bool(score.accuracy), score.error
+            self._finish_group(group)
+        self.scoring = still
+
+    def _finish_group(self, group: Group) -> None:
+        self.buffer.add(group)
+        self.window.append(group)
+        self.ledger["scored"] += 1
+        n_ok = sum(s.accuracy for s in group.samples)
+        resp = [s.num_model_tokens for s in group.samples]
+        self.curriculum.report.remote([{
+            "prompt_id": group.prompt_id, "k": group.k, "samples": len(group.samples), "successes": n_ok,
+            "reward_mean": sum(group.rewards()) / len(group.samples), "response_tokens_mean": sum(resp) / len(resp),
+        }])
+
+    # ------------------------------------------------------------------ learning
+    def _train(self, groups: list[Group]):
+        c = self.cfg
+        samples, info = select_samples(groups, c.algo.std_normalize, c.algo.dynamic_sampling,
+                                       c.algo.overlong_filter, c.learner.max_seq_len)
+        self.ledger["trained"] += len(groups) - int(info["batch/uninformative_groups"])
+        self.ledger["uninformative"] += int(info["batch/uninformative_groups"])
+        depth = self._depth()
+        lb = learner_batches(samples, c.learner.world_size, depth, c.algo.aggregation, c.curriculum.loop_counts)
+        info.update(lb.stats)
+        info["staleness"] = [self.version - g.version for g in groups]
+        info["groups"] = groups
+        lr = c.learner.optim.lr * min(1.0, (self.step + 1) / max(1, c.learner.warmup_steps or 1))
+        info["lr"] = lr
+        return self.learner.train_step(lb.microbatches, lb.ks, lr), info
+
+    def _depth(self):
+        if not hasattr(self, "_depth_fn"):
+            from elr_rl.model import LoopedForCausalLM
+
+            import torch
+
+            with torch.device("meta"):
+                spec = LoopedForCausalLM.from_pretrained(self.cfg.model_path).spec
+            self._depth_fn = spec.effective_depth
+        return self._depth_fn
+
+    def _sync_weights(self, batch_info) -> tuple[float, float | None]:
+        """Broadcast the new weights (one object, fetched by every worker), then spot-check parity."""
+        import ray
+
+        t0 = time.perf_counter()
+        self._weights_ref, all_refs = self.learner.weights()
+        ray.get(all_refs)
+        self._push_weights(self.workers, self._weights_ref)
+        seconds = time.perf_counter() - t0
+        return seconds, self._parity_check(batch_info)
+
+    def _push_weights(self, workers, weights_ref) -> None:
+        import ray
+
+        ray.get([w.update_weights.remote(weights_ref, self.version) for w in workers])
+
+    def _parity_check(self, batch_info) -> float | None:
+        """Max |logprob(worker) - logprob(learner)| over a few sequences of the last batch."""
+        import ray
+
+        n = self.cfg.async_.parity_check_sequences
+        groups = batch_info["groups"] if batch_info else []
+        if not n or not groups:
+            return None
+        g = groups[0]
+        seqs = [s.prompt_ids + s.response_ids for s in g.samples[:n]]
+        ours = self.learner.logprobs(seqs, g.k)
+        theirs = ray.get(self.workers[0].logprobs.remote(seqs, g.k))
+        diffs = [abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y[-len(x):])]
+        worst = max(diffs) if diffs else 0.0
+        if worst > 1e-2:
+            log.warning("trainer/rollout logprob mismatch after sync: max |diff| = %.3g", worst)
+        return worst
+
+    # ------------------------------------------------------------------ persistence
+    def _checkpoint(self) -> None:
+        import ray
+
+        ckpt = self.run_dir / "checkpoints" / f"step-{self.step:06d}"
+        state = RunState(
+            step=self.step, version=self.version, buffer=self.buffer.state_dict(),
+            # prompts being generated or scored are re-queued on resume: nothing is lost
+            queue=[a for _, work in self.inflight.values() for a in work]
+            + [g.assignment for g, _ in self.scoring] + list(self.queue),
+            curriculum=ray.get(self.curriculum.state_dict.remote()), ledger=dict(self.ledger),
+        )
+        self.learner.save(str(ckpt), {"step": self.step, "version": self.version})
+        save_run_state(ckpt, state)
+
+    def _log_samples(self, batch_info) -> None:
+        every = self.cfg.run.sample_log_interval
+        if not every or self.step % every or not batch_info:
+            return
+        with open(self.run_dir / "rollouts.jsonl", "a") as f:
+            for g in batch_info["groups"][:2]:
+                for s in g.samples[:2]:
+                    f.write(json.dumps({"step": self.step, "prompt_id": g.prompt_id, "k": g.k,
+                                        "reward": s.reward, "text": s.text}) + "\n")
+
+    def _shutdown(self) -> None:
+        import ray
+
+        for w in getattr(self, "workers", []):
+            try:
+                ray.get(w.shutdown.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - a dead worker has nothing to shut down
+                pass
+            ray.kill(w)
+        if hasattr(self, "learner"):
+            self.learner.shutdown()
+        if hasattr(self, "scorer"):
+            self.scorer.close()
+        if hasattr(self, "metrics"):
+            self.metrics.close()
+        if hasattr(self, "curriculum"):
+            ray.kill(self.curriculum)
+
+
+def _routing(batch) -> dict[int, dict[str, list[float]]]:
+    from elr_rl.metrics import routing_from_assignments
+
+    return routing_from_assignments(batch)
+
+
+def _curriculum_metrics(batch) -> dict[str, float]:
+    from elr_rl.metrics import curriculum_metrics
+
+    return curriculum_metrics(batch)
+
+
+def _progress(enabled: bool, start: int, total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc="rl", unit="step", disable=not enabled, dynamic_ncols=True)

@@ -1,0 +1,184 @@
+"""The learner: DeepSpeed data-parallel ranks as Ray actors (one actor per rank).
+
+Each rank wraps the training stages' `TrainEngine`; one GRPO step is one
+optimizer step over microbatches, one per loop count, so every sample is
+trained at the k that produced it and all depths are averaged in the same step.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+from typing import Any
+
+import torch
+
+from elr_rl.rl import grpo
+from elr_rl.rl.config import RLConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[dict[str, float]]):
+    """The GRPO objective as a TrainEngine loss function: (logits, microbatch) -> loss."""
+    a = cfg.algo
+
+    def loss_fn(logits: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+        ids = batch["input_ids"]
+        mask = batch["loss_mask"][:, 1:]
+        logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # log pi(x_{t+1} | x_<=t)
+        old = batch["old_logp"][:, 1:] if "old_logp" in batch else logp.detach()
+        ref = None
+        if ref_model is not None and a.kl_coef > 0:
+            with torch.no_grad():
+                ref_logits = ref_model(ids, k=batch["k"])[:, :-1]
+                ref = ref_logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        if a.entropy_coef:
+            entropy = grpo.entropy_from_logits(logits[:, :-1])
+        else:  # logged only
+            with torch.no_grad():
+                entropy = grpo.entropy_from_logits(logits[:, :-1])
+        loss, stats = grpo.grpo_loss(
+            logp, old, batch["rollout_logp"][:, 1:], batch["advantages"], mask,
+            clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, tis_cap=a.tis_cap,
+            ref_logp=ref, kl_coef=a.kl_coef, entropy=entropy, entropy_coef=a.entropy_coef,
+            normalizer=1.0 / float(batch["scale"]),
+        )
+        stats["k"] = float(batch["k"])
+        stats["tokens"] = float(mask.sum())
+        sink.append(stats)
+        return loss
+
+    return loss_fn
+
+
+class LearnerRank:
+    """One DeepSpeed rank. Created by `LearnerGroup`; call `setup` on all ranks together."""
+
+    def __init__(self, rank: int, world_size: int, cfg: RLConfig) -> None:
+        self.rank, self.world_size, self.cfg = rank, world_size, cfg
+        self.engine = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        return socket.gethostbyname(socket.gethostname()), free_port()
+
+    def setup(self, master_addr: str, master_port: int, resume_dir: str | None = None) -> dict | None:
+        from elr_rl.model import LoopedForCausalLM
+        from elr_rl.train.config import RunConfig, TrainConfig
+        from elr_rl.train.engine import TrainEngine
+
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
+        c = self.cfg
+        engine_cfg = c.learner.engine
+        engine_cfg.grad_accum_steps = len(c.curriculum.loop_counts)  # one microbatch per loop count
+        train_cfg = TrainConfig(engine=engine_cfg, optim=c.learner.optim, run=RunConfig(seed=c.run.seed))
+        model = LoopedForCausalLM.from_pretrained(c.model_path)
+        self.depth = model.spec.effective_depth
+        self.ref_model = None
+        if c.algo.kl_coef > 0:
+            self.ref_model = LoopedForCausalLM.from_pretrained(c.model_path).eval().requires_grad_(False)
+        self.engine = TrainEngine(model.config, train_cfg, self.rank, self.world_size, model=model)
+        if resume_dir is not None:
+            return self.engine.load(resume_dir)
+        return None
+
+    def train_step(self, microbatches: list[dict], ks: list[int], lr: float) -> dict[str, Any]:
+        """One optimizer step (updates_per_batch > 1: several, against fixed old logprobs)."""
+        n_updates = self.cfg.algo.updates_per_batch
+        if n_updates > 1:
+            with torch.no_grad():
+                self.engine.engine.eval()
+                for mb in microbatches:
+                    logits = self.engine.forward(self.engine.to_device(mb), mb["k"])[:, :-1]
+                    old = logits.log_softmax(-1).gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)
+                    mb["old_logp"] = torch.cat([old.new_zeros(old.shape[0], 1), old], dim=1)
+        stats: list[dict[str, float]] = []
+        out: dict[str, Any] = {}
+        for _ in range(n_updates):
+            out = self.engine.train_step(microbatches, ks, lr, loss_fn=make_loss_fn(self.cfg, self.ref_model, stats))
+        out["microbatch_stats"] = stats
+        return out
+
+    def weights(self) -> bytes:
+        """The full fp32 state dict as safetensors bytes (what rollout workers load)."""
+        from safetensors.torch import save
+
+        state = self.engine.full_state_dict()
+        return save(state) if self.rank == 0 else b""
+
+    def save(self, directory: str, client_state: dict) -> None:
+        from elr_rl.model import build_tokenizer
+
+        self.engine.save(directory, client_state, tokenizer=build_tokenizer())
+
+    @torch.no_grad()
+    def logprobs(self, sequences: list[list[int]], k: int) -> list[list[float]]:
+        """Teacher-forced logprob of every token after the first (parity spot-checks)."""
+        model = self.engine.model
+        model.eval()
+        out = []
+        for seq in sequences:
+            ids = torch.tensor([seq], device=self.engine.device)
+            out.append(model.token_logprobs(ids, k=k)[0].float().cpu().tolist())
+        model.train()
+        return out
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class LearnerGroup:
+    """The learner's ranks as Ray actors, called like one local object."""
+
+    def __init__(self, cfg: RLConfig, resume_dir: str | None = None) -> None:
+        import ray
+
+        n = cfg.learner.world_size
+        actor_cls = ray.remote(num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=cfg.learner.num_gpus_per_rank)(
+            LearnerRank
+        )
+        env = {"DS_ACCELERATOR": "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu",
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        self.ranks = [actor_cls.options(runtime_env={"env_vars": env}).remote(r, n, cfg) for r in range(n)]
+        addr, port = ray.get(self.ranks[0].rendezvous_address.remote())
+        states = ray.get([r.setup.remote(addr, port, resume_dir) for r in self.ranks])
+        self.client_state = states[0]
+        self.cfg = cfg
+
+    def train_step(self, per_rank_mbs: list[list[dict]], per_rank_ks: list[list[int]], lr: float):
+        """Ref of the step's per-rank results (asynchronous: the caller waits when it needs them)."""
+        return [r.train_step.remote(mb, ks, lr) for r, mb, ks in zip(self.ranks, per_rank_mbs, per_rank_ks)]
+
+    def weights(self):
+        import ray
+
+        refs = [r.weights.remote() for r in self.ranks]  # every rank joins the ZeRO-3 gather
+        return refs[0], refs
+
+    def save(self, directory: str, client_state: dict) -> None:
+        import ray
+
+        ray.get([r.save.remote(directory, client_state) for r in self.ranks])
+
+    def logprobs(self, sequences: list[list[int]], k: int) -> list[list[float]]:
+        import ray
+
+        return ray.get(self.ranks[0].logprobs.remote(sequences, k))
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            ray.get([r.shutdown.remote() for r in self.ranks], timeout=30)
+        except Exception:  # noqa: BLE001 - a dead rank has nothing left to shut down
+            pass
+        for r in self.ranks:
+            ray.kill(r)

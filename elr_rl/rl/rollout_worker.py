@@ -1,0 +1,147 @@
+"""Rollout worker: a Ray actor that owns one vLLM engine and turns assignments into sample groups.
+
+Each call carries (prompt, k) assignments from the curriculum; the worker sets
+its engine's loop count per k (a live change, no restart), samples G
+completions per prompt, and tags every group with the policy version it holds.
+Multi-turn episodes run token-in/token-out: environment text is appended as
+tokens (masked out of the loss), never re-tokenised from decoded text.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from elr_rl.model.tokenizer import EOS_ID, SEP_ID, decode_bytes, encode_prompt
+from elr_rl.rl.config import RolloutConfig
+from elr_rl.rl.samples import Group, Sample
+
+
+class RolloutWorker:
+    def __init__(self, worker_id: int, model_path: str, cfg: RolloutConfig, seed: int, version: int = 0) -> None:
+        from elr_rl.rollout.engine import EngineOptions, RolloutEngine
+
+        self.worker_id, self.cfg, self.version = worker_id, cfg, version
+        options = EngineOptions(device=cfg.device, max_model_len=cfg.max_model_len,
+                                max_num_seqs=max(8, cfg.group_size * cfg.prompts_per_request))
+        self.engine = RolloutEngine(
+            model_path, k=1, cache_mode=cfg.cache_mode, dtype=cfg.dtype, seed=seed + 1000 * worker_id, options=options,
+        )
+        self.k = 1
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        self.weights_path = shm / f"elr-rl-worker-{os.getpid()}-{worker_id}.safetensors"
+        self.busy_s = 0.0
+        self.started = time.perf_counter()
+
+    # ------------------------------------------------------------------ control
+    def ping(self) -> int:
+        return self.version
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def set_k(self, k: int) -> None:
+        if k != self.k:
+            self.engine.set_k(k)
+            self.k = k
+
+    def update_weights(self, weights: bytes, version: int) -> float:
+        """Load the learner's weights (safetensors bytes) in place; returns seconds spent."""
+        t0 = time.perf_counter()
+        self.weights_path.write_bytes(weights)
+        self.engine.update_weights(str(self.weights_path))
+        self.version = version
+        return time.perf_counter() - t0
+
+    def logprobs(self, sequences: list[list[int]], k: int) -> list[list[float]]:
+        """The engine's prompt logprobs of whole sequences (parity spot-checks against the learner)."""
+        self.set_k(k)
+        return self.engine.prompt_logprobs(sequences)
+
+    def idle_ratio(self) -> float:
+        wall = time.perf_counter() - self.started
+        return max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        self.weights_path.unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------- generation
+    def generate(self, assignments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One group of G samples per assignment (as dicts, so they travel without pickling classes)."""
+        from environments.registry import get_env
+
+        t0 = time.perf_counter()
+        version = self.version
+        groups: list[Group] = []
+        by_k: dict[int, list[dict[str, Any]]] = {}
+        for a in assignments:
+            by_k.setdefault(int(a["k"]), []).append(a)
+        for k, batch in sorted(by_k.items()):
+            self.set_k(k)
+            envs = [get_env(a["env"]) for a in batch]
+            tasks = [env.generate(int(a["seed"]), int(a["difficulty"])) for env, a in zip(envs, batch)]
+            prompts = [encode_prompt(t.prompt) for t in tasks]
+            outs = self._sample(prompts, n=self.cfg.group_size)
+            for a, env, task, prompt, completions in zip(batch, envs, tasks, prompts, outs):
+                samples = [self._to_sample(prompt, c) for c in completions]
+                if env.multi_turn:
+                    self._run_episodes(env, task, samples)
+                groups.append(Group(dict(a), samples, version, self.worker_id))
+        self.busy_s += time.perf_counter() - t0
+        return [g.to_dict() for g in groups]
+
+    def _sample(self, prompts: list[list[int]], n: int):
+        """n completions per prompt (token ids, sampled-token logprobs, finish reason)."""
+        c = self.cfg
+        groups = self.engine.generate(
+            prompts, n=n, max_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+            stop_token_ids=[EOS_ID],
+        )
+        return [g.completions for g in groups]
+
+    @staticmethod
+    def _to_sample(prompt: list[int], completion) -> Sample:
+        ids = list(completion.token_ids)
+        return Sample(
+            prompt_ids=list(prompt), response_ids=ids, response_mask=[1] * len(ids),
+            rollout_logprobs=[float(x) for x in completion.logprobs],
+            finish_reason=str(completion.finish_reason), text=decode_bytes(ids),
+        )
+
+    def _run_episodes(self, env, task, samples: list[Sample]) -> None:
+        """Continue each sample's episode turn by turn until done or out of turns, then score it."""
+        states = [env.reset(task) for _ in samples]
+        texts = [s.text for s in samples]
+        active = list(range(len(samples)))
+        for turn in range(env.max_turns):
+            still = []
+            for i in active:
+                result = env.step(task, states[i], texts[i])
+                if result.done or turn == env.max_turns - 1 or samples[i].finish_reason == "length":
+                    continue
+                obs = [*result.observation.encode("utf-8"), SEP_ID]  # environment text, never trained
+                s = samples[i]
+                s.response_ids += obs
+                s.response_mask += [0] * len(obs)
+                s.rollout_logprobs += [0.0] * len(obs)
+                still.append(i)
+            if not still:
+                break
+            contexts = [samples[i].prompt_ids + samples[i].response_ids for i in still]
+            for i, outs in zip(still, self._sample(contexts, n=1)):
+                c = outs[0]
+                s = samples[i]
+                s.response_ids += list(c.token_ids)
+                s.response_mask += [1] * len(c.token_ids)
+                s.rollout_logprobs += [float(x) for x in c.logprobs]
+                s.finish_reason = str(c.finish_reason)
+                texts[i] = decode_bytes(list(c.token_ids))
+                s.text += "\n" + texts[i]
+            active = still
+        for s, state in zip(samples, states):
+            score = env.score_episode(task, state)
+            s.reward, s.accuracy, s.error = float(score.reward), bool(score.accuracy), score.error

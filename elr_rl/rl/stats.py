@@ -1,0 +1,59 @@
+"""Metrics of one RL step, with the field's usual names (see elr_rl/metrics.py)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from elr_rl.rl.samples import Group
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def group_metrics(groups: list[Group]) -> dict[str, float]:
+    """Reward, pass rate and response length overall, per loop count and per environment."""
+    out: dict[str, float] = {}
+    by: dict[str, list] = defaultdict(list)
+    for g in groups:
+        for s in g.samples:
+            row = (s.reward, float(s.accuracy), float(s.num_model_tokens))
+            by["mean"].append(row)
+            by[f"k{g.k}"].append(row)
+            by[f"env/{g.assignment['env']}"].append(row)
+    for key, rows in by.items():
+        out[f"reward/{key}"] = _mean([r[0] for r in rows])
+        out[f"pass_rate/{key}"] = _mean([r[1] for r in rows])
+        out[f"response_length/{key}"] = _mean([r[2] for r in rows])
+    return out
+
+
+def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: int, window: list[Group],
+                 ledger, restarts: int, sync_s: float, parity: float | None, learner_busy: float,
+                 rollout_wait: float, wall: float) -> dict[str, Any]:
+    mb = [s for r in results for s in r["microbatch_stats"] if s.get("tokens", 0) > 0]
+    tokens = sum(s["tokens"] for s in mb)
+
+    def wmean(key: str) -> float | None:
+        vals = [(s[key], s["tokens"]) for s in mb if key in s]
+        return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
+
+    staleness = info.get("staleness") or [0]
+    row: dict[str, Any] = group_metrics(window)
+    row.update({
+        "loss/policy": sum(sum(r["losses"]) for r in results) / max(1, len(results)),
+        "clip_frac": wmean("clip_frac"), "entropy": wmean("entropy"), "kl": wmean("kl"),
+        "is_weight_mean": wmean("is_weight_mean"), "ratio_mean": wmean("ratio_mean"),
+        "grad_norm": results[0].get("grad_norm"), "lr": info.get("lr"),
+        "async/staleness_mean": _mean([float(x) for x in staleness]), "async/staleness_max": max(staleness),
+        "async/policy_version": version, "async/dropped_stale_groups": ledger.get("dropped_stale", 0),
+        "perf/weight_sync_s": sync_s, "perf/learner_idle_ratio": max(0.0, 1.0 - learner_busy),
+        "perf/rollout_idle_ratio": rollout_wait, "perf/trained_tokens": tokens, "perf/wall_s": wall,
+        "faults/restarted_workers": restarts, "faults/requeued_prompts": ledger.get("requeued", 0),
+        "sync/parity_max_abs_diff": parity,
+    })
+    gen_tokens = sum(s.num_model_tokens for g in window for s in g.samples)
+    row["perf/tokens_per_s"] = gen_tokens / wall if wall else 0.0
+    row.update({k: v for k, v in info.items() if k.startswith("batch/")})
+    return {k: v for k, v in row.items() if v is not None}
