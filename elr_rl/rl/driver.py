@@ -141,8 +141,10 @@ class Driver:
                     self._checkpoint()
         finally:
             bar.close()
+            pending = len(self.queue) + len(self.buffer) + len(self.scoring) + sum(len(w) for _, w in self.inflight.values())
             summary = {"step": self.step, "version": self.version, "ledger": dict(self.ledger),
-                       "restarted_workers": self.worker_restarts}
+                       "pending_groups": pending, "restarted_workers": getattr(self, "worker_restarts", 0),
+                       "resumed_from_step": self.state.step if getattr(self, "state", None) else None}
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             self._shutdown()
         return summary

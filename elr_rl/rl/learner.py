@@ -99,8 +99,11 @@ class LearnerRank:
                     mb["old_logp"] = torch.cat([old.new_zeros(old.shape[0], 1), old], dim=1)
         stats: list[dict[str, float]] = []
         out: dict[str, Any] = {}
-        for _ in range(n_updates):
+        for update in range(n_updates):
+            start = len(stats)
             out = self.engine.train_step(microbatches, ks, lr, loss_fn=make_loss_fn(self.cfg, self.ref_model, stats))
+            for s in stats[start:]:
+                s["update"] = float(update)
         out["microbatch_stats"] = stats
         return out
 

@@ -35,8 +35,8 @@ def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: i
     mb = [s for r in results for s in r["microbatch_stats"] if s.get("tokens", 0) > 0]
     tokens = sum(s["tokens"] for s in mb)
 
-    def wmean(key: str) -> float | None:
-        vals = [(s[key], s["tokens"]) for s in mb if key in s]
+    def wmean(key: str, update: int | None = None) -> float | None:
+        vals = [(s[key], s["tokens"]) for s in mb if key in s and (update is None or s.get("update") == update)]
         return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
 
     staleness = info.get("staleness") or [0]
@@ -46,6 +46,9 @@ def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: i
         "clip_frac": wmean("clip_frac"), "entropy": wmean("entropy"), "kl": wmean("kl"),
         "is_weight_mean": wmean("is_weight_mean"), "ratio_mean": wmean("ratio_mean"),
         "grad_norm": results[0].get("grad_norm"), "lr": info.get("lr"),
+        # the first update of a step starts from the weights that the old logprobs came from
+        "ratio_mean/update0": wmean("ratio_mean", 0), "is_weight_mean/update0": wmean("is_weight_mean", 0),
+        "ratio_max_dev/update0": max((abs(s["ratio_mean"] - 1) for s in mb if s.get("update") == 0), default=None),
         "async/staleness_mean": _mean([float(x) for x in staleness]), "async/staleness_max": max(staleness),
         "async/policy_version": version, "async/dropped_stale_groups": ledger.get("dropped_stale", 0),
         "perf/weight_sync_s": sync_s, "perf/learner_idle_ratio": max(0.0, 1.0 - learner_busy),

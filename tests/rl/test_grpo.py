@@ -82,3 +82,15 @@ def test_grpo_loss_on_policy_equals_minus_mean_advantage():
     loss, stats = grpo.grpo_loss(logp, logp, logp, adv, mask)
     assert loss.item() == pytest.approx(-(1.0 * 2 - 0.5 * 2) / 4)
     assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == 1.0 and stats["is_weight_mean"] == 1.0
+
+
+def test_split_batches_add_up_to_the_whole_with_a_normalizer():
+    torch.manual_seed(0)
+    per_tok = torch.randn(6, 5)
+    mask = (torch.rand(6, 5) > 0.3).int()
+    mask[:, 0] = 1
+    for mode in ("token", "sequence"):
+        whole = grpo.aggregate(per_tok, mask, mode)
+        n = mask.sum() if mode == "token" else 6
+        parts = grpo.aggregate(per_tok[:2], mask[:2], mode, n) + grpo.aggregate(per_tok[2:], mask[2:], mode, n)
+        assert torch.allclose(whole, parts)

@@ -1,0 +1,1 @@
+"""Single-turn verifiable-reward environments (one prompt, one scored answer span)."""
