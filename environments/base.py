@@ -114,7 +114,12 @@ class Environment(abc.ABC):
         """Well-formed but wrong completions that must score 0.0."""
 
     def worked_solution(self, task: Task) -> str:
-        """The task with a worked solution, for the pretraining/SFT corpus (prompt + response)."""
+        """The task with a worked solution, for the pretraining/SFT corpus:
+        `task.prompt + WORKED_SEPARATOR + response` (see `split_worked`)."""
+        return task.prompt + WORKED_SEPARATOR + self.worked_response(task)
+
+    def worked_response(self, task: Task) -> str:
+        """The response part of `worked_solution`: reasoning steps, then the scored answer."""
         return self.reference_solution(task)
 
 
@@ -163,6 +168,14 @@ class MultiTurnEnvironment(Environment):
 
 
 TURN_SEPARATOR = "\n<|turn|>\n"
+WORKED_SEPARATOR = "\n\n"
+
+
+def split_worked(task: Task, worked: str) -> tuple[str, str]:
+    """(prompt, response) of a `worked_solution` text; SFT puts its loss on the response only."""
+    if worked.startswith(task.prompt):
+        return task.prompt, worked[len(task.prompt) :].lstrip("\n")
+    return task.prompt, worked
 
 
 def split_turns(completion: str) -> list[str]:

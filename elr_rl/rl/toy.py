@@ -2,7 +2,8 @@
 
 Used by the RL tests, the RL benchmark and the quickstart's smoke checks: a
 few hundred SFT steps on reference answers whose *content is randomised*
-(for choice tasks) teach the format, leaving RL a clean signal to climb.
+(each prompt is shown with its right and a wrong answer) teach the format and
+leave every prompt at a coin flip, so every GRPO group carries signal.
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ import torch
 
 
 def format_sft_checkpoint(out_dir: str | Path, env_name: str = "even_odd", difficulty: int = 1, steps: int = 150,
-                          seed: int = 0, random_answers: bool = True, **model_overrides) -> Path:
-    """Train a tiny ElrConfig model on `<prompt> -> reference answer` records and save it (HF layout)."""
+                          seed: int = 0, random_answers: bool = True, warm_steps: int = 0,
+                          **model_overrides) -> Path:
+    """Train a tiny ElrConfig model on `<prompt> -> reference answer` records and save it (HF layout).
+
+    `steps` of format training (right and wrong answers side by side when random_answers),
+    then `warm_steps` on right answers only: a policy a little better than chance, which
+    RL then has to sharpen.
+    """
     from elr_rl.model import ElrConfig, LoopedForCausalLM, PAD_ID, encode_prompt, encode_response, save_tokenizer
     from environments.registry import get_env
 
@@ -24,15 +31,16 @@ def format_sft_checkpoint(out_dir: str | Path, env_name: str = "even_odd", diffi
     env = get_env(env_name)
     model = LoopedForCausalLM(ElrConfig.tiny(**model_overrides))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(steps):
+    for step in range(steps + warm_steps):
         rows = []
-        for _ in range(16):
+        for _ in range(8):
             task = env.generate(rng.randrange(10**6), difficulty)
-            answer = env.reference_solution(task)
-            if random_answers:
-                answer = rng.choice([answer, *env.bad_answers(task)[:1]])
-            p, r = encode_prompt(task.prompt), encode_response(answer)
-            rows.append((p + r, [0] * len(p) + [1] * len(r)))
+            answers = [env.reference_solution(task)]
+            if random_answers and step < steps:  # right and wrong side by side: the best fit is a coin flip per prompt
+                answers.append(env.bad_answers(task)[0])
+            for answer in answers:
+                p, r = encode_prompt(task.prompt), encode_response(answer)
+                rows.append((p + r, [0] * len(p) + [1] * len(r)))
         T = max(len(ids) for ids, _ in rows)
         ids = torch.full((len(rows), T), PAD_ID)
         mask = torch.zeros(len(rows), T)

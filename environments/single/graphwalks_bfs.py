@@ -49,7 +49,7 @@ class GraphwalksBfs(SingleTurnEnv):
                 u, v = rng.sample(nodes, 2)
                 edges.add((u, v))
             adj = {u: [] for u in nodes}
-            for u, v in edges:
+            for u, v in sorted(edges):  # set order differs between processes: sort first
                 adj[u].append(v)
             target = rng.choice(nodes)
             if kind == "bfs":
@@ -63,7 +63,7 @@ class GraphwalksBfs(SingleTurnEnv):
                 lines = [f"{u} -> {target}" for u in answer]
             if answer:
                 break
-        edge_list = sorted(edges, key=lambda _: rng.random())
+        edge_list = sorted(sorted(edges), key=lambda _: rng.random())
         prompt = (
             "A directed graph has these edges (u -> v):\n"
             + "\n".join(f"{u} -> {v}" for u, v in edge_list)

@@ -44,7 +44,7 @@ def _names(rng: random.Random, n: int) -> list[str]:
     out: set[str] = set()
     while len(out) < n:
         out.add("".join(rng.choice(string.ascii_lowercase) for _ in range(3)))
-    return sorted(out, key=lambda _: rng.random())
+    return sorted(sorted(out), key=lambda _: rng.random())  # sort the set first: its order is per-process
 
 
 def _op(rng: random.Random, d: int, value: int) -> tuple[str, int]:

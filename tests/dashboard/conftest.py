@@ -18,7 +18,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 
 def find_chromium() -> str | None:
-    """Debian's chromium (scripts/install_browser.sh installs it), or $ELR_CHROMIUM."""
+    """Debian's chromium (scripts/install_system_deps.sh installs it), or $ELR_CHROMIUM."""
     for candidate in (os.environ.get("ELR_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
                       shutil.which("chromium-browser")):
         if candidate and Path(candidate).is_file():
@@ -41,7 +41,7 @@ def browser():
     """
     executable = find_chromium()
     if executable is None:
-        pytest.skip("chromium not found: run scripts/install_browser.sh (apt-get install chromium) or set ELR_CHROMIUM")
+        pytest.skip("chromium not found: run scripts/install_system_deps.sh (apt-get install chromium) or set ELR_CHROMIUM")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

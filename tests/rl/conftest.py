@@ -11,13 +11,13 @@ from elr_rl.rl.config import RLConfig
 
 @pytest.fixture(scope="session")
 def toy_checkpoint(tmp_path_factory):
-    """A tiny model that learned even_odd's answer format, with answers at chance."""
+    """A tiny model that learned even_odd's answer format, and its answers a little better than chance."""
     import torch
 
     from elr_rl.rl.toy import format_sft_checkpoint
 
     torch.set_num_threads(1)
-    return format_sft_checkpoint(tmp_path_factory.mktemp("toy") / "ckpt", steps=150)
+    return format_sft_checkpoint(tmp_path_factory.mktemp("toy") / "ckpt", steps=150, warm_steps=30)
 
 
 @pytest.fixture(scope="session")

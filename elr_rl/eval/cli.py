@@ -1,0 +1,39 @@
+"""`elr-rl eval CHECKPOINT --envs a,b --k 1,2,3,4`: pass@1 and response tokens per k (table + JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="elr-rl eval", description=__doc__)
+    p.add_argument("checkpoint")
+    p.add_argument("--envs", default="even_odd", help="comma-separated environment names")
+    p.add_argument("--k", default="1,2,3,4", help="comma-separated loop counts")
+    p.add_argument("--difficulty", type=int, default=1)
+    p.add_argument("-n", "--num-tasks", type=int, default=32)
+    p.add_argument("--seed-offset", type=int, default=100_000, help="first held-out seed")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    args = p.parse_args(argv)
+    from elr_rl.eval.evaluate import EvalConfig, evaluate, format_table
+
+    if not (Path(args.checkpoint) / "config.json").is_file():
+        print(f"elr-rl eval: {args.checkpoint!r} is not a checkpoint folder (no config.json)")
+        return 2
+    try:
+        cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], ks=[int(k) for k in args.k.split(",")],
+                         difficulty=args.difficulty, num_tasks=args.num_tasks, seed_offset=args.seed_offset,
+                         max_new_tokens=args.max_new_tokens)
+        rows = evaluate(args.checkpoint, cfg)
+    except ValueError as exc:
+        print(f"elr-rl eval: {exc}")
+        return 2
+    print(format_table(rows, f"held-out pass@1 of {args.checkpoint}"))
+    payload = json.dumps(rows, indent=2)
+    if args.json:
+        Path(args.json).write_text(payload)
+    print(payload)
+    return 0

@@ -1,0 +1,133 @@
+"""Benchmark tiny pretraining: tokens/s at k = 1 vs mixed depth, and model FLOP utilisation (MFU).
+
+    .venv/bin/python scripts/bench_train.py [--steps 30] [--size tiny|small] [--threads 2]
+
+For each precision (fp32, bf16) it trains the same model twice on one rank:
+at a fixed k = 1, and under mixed depth (k ~ U{1..K}, f forced to k = 1).
+Mixed depth costs D_eff(k_bar) / D_eff(1) times the compute of k = 1, so the
+expected throughput ratio is the inverse of that compute ratio.
+
+MFU = achieved model FLOP/s / ceiling, with the training FLOPs per token counted
+the PaLM way: 6 * (matmul parameters, the recurrent ones once per loop) +
+12 * (attention sublayer executions) * heads * head_dim * seq_len, and the
+ceiling the 2-thread matrix-product rate of shared/FACTS.md (160 GFLOP/s fp32,
+870 GFLOP/s bf16 on this CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CEILING_GFLOPS = {"fp32": 160.0, "bf16": 870.0}  # shared/FACTS.md, 2 threads
+SIZES = {
+    "tiny": {},  # ElrConfig.tiny(): d = 64
+    "small": {"hidden_size": 256, "intermediate_size": 704, "num_attention_heads": 4, "num_key_value_heads": 2},
+}
+
+
+def train_flops_per_token(model, k: float, seq_len: int) -> float:
+    """6 * N_matmul(k) + 12 * n_attn(k) * H * hd * T (forward + backward, per token)."""
+    spec = model.spec
+    n_in, n_rec = spec.n_in, spec.n_rec
+    matmul, attn = 0.0, 0.0
+    for name, p in model.named_parameters():
+        if p.dim() != 2 or "embeddings" in name or ".loop_cond." in name:
+            continue  # embedding lookups and the per-loop conditioning MLP cost no per-token matmuls
+        mult = 1.0
+        if name.startswith("backbone.layers."):
+            i = int(name.split(".")[2])
+            mult = k if n_in <= i < n_in + n_rec else 1.0
+        elif name.startswith("backbone.update."):
+            mult = k  # the update rule's gate runs once per loop
+        matmul += mult * p.numel()
+    for i in range(spec.num_sublayers):
+        if spec.is_attention(i):
+            attn += k if n_in <= i < n_in + n_rec else 1.0
+    return 6.0 * matmul + 12.0 * attn * spec.num_heads * spec.head_dim * seq_len
+
+
+def run_one(overrides: list[str], steps: int, out: str) -> dict:
+    from elr_rl.config import load_config
+    from elr_rl.train.config import TrainConfig
+    from elr_rl.train.trainer import Trainer
+
+    cfg = load_config(TrainConfig, ROOT / "configs" / "pretrain_tiny.yaml", [
+        f"run.total_steps={steps}", "run.eval_interval=0", "run.eval_batches=1", "run.progress=false",
+        "run.resume=false", f"run.output_dir={out}", *overrides,
+    ])
+    trainer = Trainer(cfg, 0, 1)  # the process group stays up for the next run (closed in main)
+    skip = max(2, steps // 5)  # first steps pay one-off costs (allocations, lazy init)
+    times, ks = [], []
+    for step in range(steps):
+        line = trainer.train_one_step(step)
+        if step >= skip:
+            times.append(line["step_time_s"])
+            ks += [k for r in line["ks"] for k in r]
+    model, seq_len = trainer.engine.model, cfg.data.seq_len
+    return {"tokens_per_s": line["tokens"] / statistics.median(times), "k_mean": statistics.fmean(ks),
+            "flops_per_token": train_flops_per_token(model, statistics.fmean(ks), seq_len),
+            "d_eff": model.config.effective_depth, "K": trainer.K}
+
+
+@contextlib.contextmanager
+def _process_group():
+    """One process group for all runs: DeepSpeed caches its groups, so it is torn down only once."""
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--f", type=float, default=0.25, help="fraction of ranks forced to k = 1")
+    ap.add_argument("--json", type=str, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("MASTER_PORT", "29731")
+    size = [f"model.overrides.{k}={v}" for k, v in SIZES[args.size].items()]
+    common = [f"engine.torch_threads={args.threads}", "engine.zero_stage=0", *size]
+    from elr_rl.train.sampler import expected_k_bar
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, _process_group():
+        for precision in ("fp32", "bf16"):
+            base = run_one([*common, f"engine.precision={precision}", "loops.mode=fixed", "loops.fixed_k=1"],
+                           args.steps, f"{tmp}/{precision}-k1")
+            mixed = run_one([*common, f"engine.precision={precision}", "loops.mode=independent",
+                             f"loops.force_one_fraction={args.f}"], args.steps, f"{tmp}/{precision}-mixed")
+            K, d_eff = mixed["K"], mixed["d_eff"]
+            k_bar = expected_k_bar(K, args.f)
+            # D_eff(k) is linear in k, so D_eff(k_bar) is the mean effective depth of the mixed run.
+            compute_ratio = (d_eff(1) + (d_eff(2) - d_eff(1)) * (k_bar - 1)) / d_eff(1)
+            for name, r in (("k=1", base), ("mixed", mixed)):
+                gflops = r["tokens_per_s"] * r["flops_per_token"] / 1e9
+                rows.append({"precision": precision, "run": name, "tokens_per_s": round(r["tokens_per_s"]),
+                             "k_mean": round(r["k_mean"], 3), "model_gflops": round(gflops, 2),
+                             "mfu": round(gflops / CEILING_GFLOPS[precision], 4)})
+            rows.append({"precision": precision, "run": "ratio",
+                         "throughput_k1_over_mixed": round(base["tokens_per_s"] / mixed["tokens_per_s"], 3),
+                         "compute_ratio_D_eff(k_bar)/D_eff(1)": round(compute_ratio, 3), "k_bar": k_bar})
+    for row in rows:
+        print(json.dumps(row))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())
