@@ -76,8 +76,9 @@ class AlgoConfig:
     """Entropy bonus weight (entropy is always logged)."""
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (they carry no signal)."""
-    overlong_filter: bool = True
-    """Drop samples that hit the token budget without finishing."""
+    overlong_filter: bool = False
+    """Drop samples that hit the token budget without finishing (DAPO). Off by default: a small model's
+    truncated output is usually degenerate, and filtering it removes the only signal against it."""
     groups_per_step: int = 8
     """Prompt groups consumed by one learner step."""
     updates_per_batch: int = 1

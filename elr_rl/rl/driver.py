@@ -288,13 +288,21 @@ class Driver:
         return seconds, self._parity_check(batch_info)
 
     def _push_weights(self, workers, weights_ref) -> None:
+        """Every worker loads the weights; a worker that dies meanwhile is restarted (on these weights)."""
         import ray
+        from ray.exceptions import RayActorError
 
-        ray.get([w.update_weights.remote(weights_ref, self.version) for w in workers])
+        refs = [(self.workers.index(w), w.update_weights.remote(weights_ref, self.version)) for w in workers]
+        for i, ref in refs:
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                self._restart_worker(i, [], exc)
 
     def _parity_check(self, batch_info) -> float | None:
         """Max |logprob(worker) - logprob(learner)| over a few sequences of the last batch."""
         import ray
+        from ray.exceptions import RayActorError
 
         n = self.cfg.async_.parity_check_sequences
         groups = batch_info["groups"] if batch_info else []
@@ -303,7 +311,11 @@ class Driver:
         g = groups[0]
         seqs = [s.prompt_ids + s.response_ids for s in g.samples[:n]]
         ours = self.learner.logprobs(seqs, g.k)
-        theirs = ray.get(self.workers[0].logprobs.remote(seqs, g.k))
+        try:
+            theirs = ray.get(self.workers[0].logprobs.remote(seqs, g.k))
+        except RayActorError as exc:  # the worker died: restart it, skip this check
+            self._restart_worker(0, [], exc)
+            return None
         diffs = [abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y[-len(x):])]
         worst = max(diffs) if diffs else 0.0
         if worst > 1e-2:
