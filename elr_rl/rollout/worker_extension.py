@@ -1,0 +1,81 @@
+"""Methods added to every vLLM worker (`worker_extension_cls`), called through `LLM.collective_rpc`.
+
+They run next to the model, in the worker process (or in-process). Names start
+with `elr_` so they never clash with the worker's own attributes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def weight_mismatches(given: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> list[str]:
+    """Every problem of a weight set against the model's names and shapes: unknown, missing, wrong shape."""
+    problems = [f"unknown tensor {n!r}" for n in sorted(set(given) - set(expected))]
+    problems += [f"missing tensor {n!r}" for n in sorted(set(expected) - set(given))]
+    problems += [
+        f"tensor {n!r} has shape {list(given[n])}, the model expects {list(expected[n])}"
+        for n in sorted(set(given) & set(expected))
+        if tuple(given[n]) != tuple(expected[n])
+    ]
+    return problems
+
+
+class LoopedWorkerExtension:
+    """Loop count, in-place weight reload and KV-cache accounting on a live engine."""
+
+    def _elr_model(self):
+        return self.model_runner.get_model()
+
+    def elr_set_k(self, k: int) -> int:
+        """Run k loops from the next batch on (the engine is eager, so forward reads it each step)."""
+        self._elr_model().set_num_loops(k)
+        return int(k)
+
+    def elr_get_k(self) -> int:
+        return int(self._elr_model().num_loops)
+
+    def elr_update_weights(self, path: str) -> dict:
+        """Reload every weight in place from a safetensors file (learner names, checkpoint format).
+
+        Checked before anything is touched: the file must hold exactly the model's
+        tensors with their shapes (a reload that fails half way leaves a dead
+        engine). Checked after: every parameter was loaded and none is left a
+        placeholder.
+        """
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        model = self._elr_model()
+        with safe_open(path, framework="pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        problems = weight_mismatches(shapes, model.expected_shapes)
+        if problems:
+            raise ValueError("weight update refused, engine unchanged: " + "; ".join(problems[:10]))
+        start = time.perf_counter()
+        weights = load_file(path)  # CPU tensors; the loader copies them onto the model's device
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        seconds = time.perf_counter() - start
+        not_loaded = set(model.expected_shapes) - model.last_loaded
+        placeholders = [n for n, p in model.named_parameters() if p.is_meta]
+        if not_loaded or placeholders:
+            raise RuntimeError(
+                f"weight reload incomplete: not loaded {sorted(not_loaded)[:5]}, placeholders {placeholders[:5]}"
+            )
+        return {"tensors": len(weights), "seconds": seconds}
+
+    def elr_param_checksum(self) -> float:
+        """Sum of all parameters (float64): a cheap check that weights changed or stayed."""
+        return float(sum(p.detach().double().sum().item() for p in self._elr_model().parameters()))
+
+    def elr_kv_bytes_per_token(self, k: int) -> int:
+        """KV-cache bytes one token occupies at loop count k: the cache pages of the layers k loops use."""
+        model = self._elr_model()
+        layers = {attn.layer_name: attn for attn in model.core.attn.values()}
+        total = 0
+        for name in model.core.layers_at(int(k)):
+            spec = layers[name].get_kv_cache_spec(self.vllm_config)  # what the allocator reserves per block
+            total += spec.page_size_bytes // spec.block_size
+        return total

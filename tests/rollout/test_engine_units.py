@@ -1,0 +1,57 @@
+"""Engine pieces that need no vLLM engine: validation, mode options, KV sizing, lazy imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from elr_rl.rollout.engine import RolloutEngine, kv_bytes_per_token_bound, mode_engine_args
+from elr_rl.rollout.worker_extension import weight_mismatches
+from tests.rollout.conftest import elr_config, save_random
+
+
+def test_weight_mismatches_names_every_problem():
+    expected = {"a": (2, 3), "b": (4,)}
+    assert weight_mismatches({"a": (2, 3), "b": (4,)}, expected) == []
+    problems = weight_mismatches({"a": (3, 2), "c": (1,)}, expected)
+    assert any("unknown tensor 'c'" in p for p in problems)
+    assert any("missing tensor 'b'" in p for p in problems)
+    assert any("'a' has shape [3, 2], the model expects [2, 3]" in p for p in problems)
+
+
+def test_last_loop_options_prefill_whole_prompts():
+    assert mode_engine_args("per_loop", 512) == {}
+    opts = mode_engine_args("last_loop", 512)
+    assert opts["enable_chunked_prefill"] is False and opts["enable_prefix_caching"] is False
+    assert opts["max_num_batched_tokens"] >= 512
+    assert mode_engine_args("last_loop", 100_000)["max_num_batched_tokens"] >= 100_000
+    with pytest.raises(ValueError, match="cache_mode"):
+        mode_engine_args("every_loop", 512)
+
+
+def test_kv_bound_grows_with_loops_only_per_loop():
+    cfg = elr_config().to_dict()  # 4 blocks: 1 input, 2 recurrent, 1 output attention sublayers
+    unit = 2 * 2 * 32 * 4  # K and V, 2 KV heads, head size 16 padded to 32, float32
+    assert kv_bytes_per_token_bound(cfg, "per_loop", 1, torch.float32) == 4 * unit
+    assert kv_bytes_per_token_bound(cfg, "per_loop", 4, torch.float32) == (2 + 4 * 2) * unit
+    assert kv_bytes_per_token_bound(cfg, "last_loop", 4, torch.float32) == 4 * unit
+
+
+def test_engine_refuses_bad_arguments_before_starting(tmp_path):
+    save_random(elr_config(), tmp_path, seed=0)
+    with pytest.raises(ValueError, match="outside 1..4"):
+        RolloutEngine(tmp_path, k=5)
+    with pytest.raises(ValueError, match="dtype"):
+        RolloutEngine(tmp_path, k=1, dtype="int8")
+    with pytest.raises(ValueError, match="cache_mode"):
+        RolloutEngine(tmp_path, k=1, cache_mode="sometimes")
+    with pytest.raises(ValueError, match="no config.json"):
+        RolloutEngine(tmp_path / "nowhere", k=1)
+
+
+def test_importing_rollout_does_not_import_vllm():
+    code = "import sys, elr_rl, elr_rl.rollout, elr_rl.vllm_plugin; assert 'vllm' not in sys.modules, 'vllm imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

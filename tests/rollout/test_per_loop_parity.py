@@ -1,0 +1,90 @@
+"""per_loop vLLM engine == PyTorch teacher-forced model (ELR, every feature), loop count, weight updates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.rollout.conftest import PROMPTS, elr_config, save_random
+from tests.rollout.helpers import TOL, randomize_, sampled_vs_teacher_forced, teacher_forced
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, engine_factory):
+    """One engine for the module, and the PyTorch model holding the weights it should serve."""
+    path = tmp_path_factory.mktemp("elr_per_loop")
+    model = save_random(elr_config(kv_cache_mode="per_loop"), path, seed=1)
+    engine = engine_factory(path, k=1, mode="per_loop")
+    yield {"engine": engine, "model": model}
+    engine.shutdown()
+
+
+def _generate(engine, k):
+    engine.set_k(k)
+    return engine.generate(PROMPTS, n=2, max_tokens=12, temperature=1.0, return_prompt_logprobs=True)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_logprobs_equal_teacher_forced(served, k):
+    groups = _generate(served["engine"], k)
+    assert all(g.k == k for g in groups)
+    assert all(len(c.token_ids) == len(c.logprobs) == 12 for g in groups for c in g.completions)
+    prompt_gap, sampled_gap = sampled_vs_teacher_forced(served["model"], groups, k)
+    assert prompt_gap <= TOL, f"k={k}: prompt logprobs differ from teacher forcing by {prompt_gap}"
+    assert sampled_gap <= TOL, f"k={k}: sampled-token logprobs differ from teacher forcing by {sampled_gap}"
+
+
+def test_loop_count_reaches_the_model(served):
+    engine, seq = served["engine"], PROMPTS[0]
+    engine.set_k(1)
+    lp1 = torch.tensor(engine.prompt_logprobs([seq])[0])
+    engine.set_k(4)
+    lp4 = torch.tensor(engine.prompt_logprobs([seq])[0])
+    assert (lp1 - lp4).abs().max() > 0.1, "logprobs at k=1 and k=4 are the same: set_k did not reach forward"
+    assert torch.allclose(lp4, teacher_forced(served["model"], seq, 4), atol=TOL)
+
+
+def test_bad_update_refused_and_old_weights_kept(served):
+    engine, model = served["engine"], served["model"]
+    engine.set_k(2)
+    before = engine.prompt_logprobs([PROMPTS[1]])[0]
+    version = engine.weight_version
+    good = {n: t.clone() for n, t in model.state_dict().items()}
+    renamed = dict(good)
+    renamed["backbone.layers.0.mixer.q_projection.weight"] = renamed.pop("backbone.layers.0.mixer.q_proj.weight")
+    wrong_shape = dict(good)
+    wrong_shape["lm_head.weight"] = torch.zeros(3, 64)
+    missing = dict(good)
+    missing.pop("backbone.update.g")
+    for bad, words in ((renamed, "q_projection"), (wrong_shape, "shape"), (missing, "missing")):
+        with pytest.raises(ValueError, match=words):
+            engine.update_weights(bad)
+    assert engine.weight_version == version
+    after = engine.prompt_logprobs([PROMPTS[1]])[0]
+    assert after == before, "a refused update changed what the engine serves"
+
+
+def test_update_keeps_parity_and_changes_outputs(served):
+    engine = served["engine"]
+    engine.set_k(3)
+    old = engine.prompt_logprobs([PROMPTS[0]])[0]
+    new_model = randomize_(type(served["model"])(served["model"].config), seed=7)
+    seconds = engine.update_weights(new_model.state_dict())
+    served["model"] = new_model
+    assert seconds < 30 and engine.weight_version == 1
+    new = engine.prompt_logprobs([PROMPTS[0]])[0]
+    assert max(abs(a - b) for a, b in zip(old, new)) > 0.1, "outputs did not change after the weight update"
+    for k in (1, 3):
+        groups = _generate(engine, k)
+        assert all(g.weight_version == 1 for g in groups)
+        prompt_gap, sampled_gap = sampled_vs_teacher_forced(new_model, groups, k)
+        assert max(prompt_gap, sampled_gap) <= TOL, f"k={k}: parity lost after the update ({prompt_gap}, {sampled_gap})"
+
+
+def test_stop_tokens_end_completions(served):
+    engine = served["engine"]
+    groups = engine.generate(PROMPTS[:1], n=3, max_tokens=12, temperature=1.0, stop_token_ids=list(range(260)))
+    for c in groups[0].completions:  # every token is a stop token: one token, then "stop"
+        assert c.finish_reason == "stop" and len(c.token_ids) == len(c.logprobs) == 1
