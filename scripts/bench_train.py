@@ -3,15 +3,17 @@
     .venv/bin/python scripts/bench_train.py [--steps 30] [--size tiny|small] [--threads 2]
 
 For each precision (fp32, bf16) it trains the same model twice on one rank:
-at a fixed k = 1, and under mixed depth (k ~ U{1..K}, f forced to k = 1).
+at a fixed k = 1, and under mixed depth (k ~ U{1..K}, f forced to k = 1), the
+two runs stepping in turn so that both see the same load on a shared machine.
 Mixed depth costs D_eff(k_bar) / D_eff(1) times the compute of k = 1, so the
 expected throughput ratio is the inverse of that compute ratio.
 
 MFU = achieved model FLOP/s / ceiling, with the training FLOPs per token counted
 the PaLM way: 6 * (matmul parameters, the recurrent ones once per loop) +
-12 * (attention sublayer executions) * heads * head_dim * seq_len, and the
-ceiling the 2-thread matrix-product rate of shared/FACTS.md (160 GFLOP/s fp32,
-870 GFLOP/s bf16 on this CPU).
+12 * (attention sublayer executions) * heads * head_dim * seq_len, against two
+ceilings: the 2-thread matrix-product rate of shared/FACTS.md (160 GFLOP/s fp32,
+870 GFLOP/s bf16 on this CPU, idle) and a 2048^2 product timed in this run with
+the same threads (the machine is shared: the second says what was available).
 """
 
 from __future__ import annotations
@@ -54,27 +56,56 @@ def train_flops_per_token(model, k: float, seq_len: int) -> float:
     return 6.0 * matmul + 12.0 * attn * spec.num_heads * spec.head_dim * seq_len
 
 
-def run_one(overrides: list[str], steps: int, out: str) -> dict:
+def matmul_gflops(dtype_name: str, n: int = 2048, reps: int = 5) -> float:
+    """The matrix-product rate right now, with this process's threads (FACTS.md's ceiling, re-measured)."""
+    import time
+
+    import torch
+
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def make_trainer(overrides: list[str], steps: int, out: str):
     from elr_rl.config import load_config
     from elr_rl.train.config import TrainConfig
     from elr_rl.train.trainer import Trainer
 
     cfg = load_config(TrainConfig, ROOT / "configs" / "pretrain_tiny.yaml", [
         f"run.total_steps={steps}", "run.eval_interval=0", "run.eval_batches=1", "run.progress=false",
-        "run.resume=false", f"run.output_dir={out}", *overrides,
+        "run.resume=false", "metrics.tensorboard=false", f"run.output_dir={out}", *overrides,
     ])
-    trainer = Trainer(cfg, 0, 1)  # the process group stays up for the next run (closed in main)
+    return Trainer(cfg, 0, 1)  # the process group stays up for the next run (closed in main)
+
+
+def run_interleaved(trainers: list, steps: int) -> list[dict]:
+    """Step the trainers in turn (A, B, A, B, ...) so that all see the same machine load."""
     skip = max(2, steps // 5)  # first steps pay one-off costs (allocations, lazy init)
-    times, ks = [], []
+    times: list[list[float]] = [[] for _ in trainers]
+    ks: list[list[int]] = [[] for _ in trainers]
+    tokens = [0] * len(trainers)
     for step in range(steps):
-        line = trainer.train_one_step(step)
-        if step >= skip:
-            times.append(line["step_time_s"])
-            ks += [k for r in line["ks"] for k in r]
-    model, seq_len = trainer.engine.model, cfg.data.seq_len
-    return {"tokens_per_s": line["tokens"] / statistics.median(times), "k_mean": statistics.fmean(ks),
-            "flops_per_token": train_flops_per_token(model, statistics.fmean(ks), seq_len),
-            "d_eff": model.config.effective_depth, "K": trainer.K}
+        for i, tr in enumerate(trainers):
+            row = tr.train_one_step(step)
+            tokens[i] = row["perf/tokens"]
+            if step >= skip:
+                times[i].append(row["perf/step_time_s"])
+                ks[i] += row["loops/ks"]
+    out = []
+    for i, tr in enumerate(trainers):
+        k_mean = statistics.fmean(ks[i])
+        model = tr.engine.model
+        out.append({"tokens_per_s": tokens[i] / statistics.median(times[i]), "k_mean": k_mean,
+                    "flops_per_token": train_flops_per_token(model, k_mean, tr.cfg.data.seq_len),
+                    "d_eff": model.config.effective_depth, "K": tr.K})
+    return out
 
 
 @contextlib.contextmanager
@@ -93,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1 by default: on a shared 2-core machine 2 threads oversubscribe)")
     ap.add_argument("--f", type=float, default=0.25, help="fraction of ranks forced to k = 1")
     ap.add_argument("--json", type=str, default=None, help="also write the results here")
     args = ap.parse_args(argv)
@@ -105,22 +137,28 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp, _process_group():
         for precision in ("fp32", "bf16"):
-            base = run_one([*common, f"engine.precision={precision}", "loops.mode=fixed", "loops.fixed_k=1"],
-                           args.steps, f"{tmp}/{precision}-k1")
-            mixed = run_one([*common, f"engine.precision={precision}", "loops.mode=independent",
-                             f"loops.force_one_fraction={args.f}"], args.steps, f"{tmp}/{precision}-mixed")
+            base, mixed = run_interleaved([
+                make_trainer([*common, f"engine.precision={precision}", "loops.mode=fixed", "loops.fixed_k=1"],
+                             args.steps, f"{tmp}/{precision}-k1"),
+                make_trainer([*common, f"engine.precision={precision}", "loops.mode=independent",
+                              f"loops.force_one_fraction={args.f}"], args.steps, f"{tmp}/{precision}-mixed"),
+            ], args.steps)
             K, d_eff = mixed["K"], mixed["d_eff"]
             k_bar = expected_k_bar(K, args.f)
             # D_eff(k) is linear in k, so D_eff(k_bar) is the mean effective depth of the mixed run.
             compute_ratio = (d_eff(1) + (d_eff(2) - d_eff(1)) * (k_bar - 1)) / d_eff(1)
+            now = matmul_gflops(precision)
             for name, r in (("k=1", base), ("mixed", mixed)):
                 gflops = r["tokens_per_s"] * r["flops_per_token"] / 1e9
                 rows.append({"precision": precision, "run": name, "tokens_per_s": round(r["tokens_per_s"]),
-                             "k_mean": round(r["k_mean"], 3), "model_gflops": round(gflops, 2),
-                             "mfu": round(gflops / CEILING_GFLOPS[precision], 4)})
+                             "k_mean": round(r["k_mean"], 3), "model_gflops": round(gflops, 3),
+                             "mfu_vs_facts_ceiling": round(gflops / CEILING_GFLOPS[precision], 5),
+                             "matmul_gflops_now": round(now, 1), "mfu_vs_matmul_now": round(gflops / now, 5)})
             rows.append({"precision": precision, "run": "ratio",
                          "throughput_k1_over_mixed": round(base["tokens_per_s"] / mixed["tokens_per_s"], 3),
                          "compute_ratio_D_eff(k_bar)/D_eff(1)": round(compute_ratio, 3), "k_bar": k_bar})
+    rows.append({"threads": args.threads, "size": args.size, "steps": args.steps,
+                 "load_average_1min": round(os.getloadavg()[0], 2)})
     for row in rows:
         print(json.dumps(row))
     if args.json:

@@ -7,8 +7,5 @@ cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 RUN="${1:-runs/quickstart}"
-mkdir -p "$RUN"
-echo "== 1/1 the looped model: greedy output and time per token at k = 1..4, save/load"
-elr-rl model init "$RUN/init"
-elr-rl model info "$RUN/init"
-elr-rl model demo --checkpoint "$RUN/init"
+# pretrain -> SFT -> profile -> eval -> RL -> eval, each stage the user-facing `elr-rl` command.
+exec "$ELR_VENV/bin/python" -m elr_rl.quickstart "$RUN"

@@ -45,6 +45,8 @@ class RolloutConfig:
     """GPUs reserved by each worker actor (1 on a CUDA cluster)."""
     prompts_per_request: int = 4
     """Prompts handed to a worker per generate call (smaller: finer-grained asynchrony)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each worker needs, to place workers on chosen nodes (e.g. {rollout_node: 0.01})."""
 
     def validate(self) -> None:
         for name in ("num_workers", "group_size", "max_new_tokens", "prompts_per_request"):
@@ -129,6 +131,8 @@ class LearnerConfig:
     """Linear lr warm-up in learner steps."""
     max_seq_len: int = 512
     """Prompt + response tokens per sample seen by the learner (longer samples are cut)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each rank needs, to place the learner on chosen nodes."""
 
     def validate(self) -> None:
         if self.world_size < 1:

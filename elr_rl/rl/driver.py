@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from elr_rl.rl.config import RLConfig
-from elr_rl.rl.run_state import RunState, latest_checkpoint, save_run_state
+from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
 from elr_rl.rl.samples import Group, RolloutBuffer, learner_batches, select_samples
 from elr_rl.rl.stats import step_metrics
 
@@ -42,6 +42,7 @@ class Driver:
         self.version = 0
         self.window: list[Group] = []  # groups scored since the last metrics row
         self.routed: list[Any] = []  # assignments handed out since the last metrics row
+        self.reports: list[dict[str, Any]] = []  # finished groups not yet reported to the curriculum
 
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
@@ -65,7 +66,8 @@ class Driver:
         resume = latest_checkpoint(self.run_dir) if c.run.resume else None
         self.state = RunState.load(resume) if resume else None
         pool = build_pool(c.envs.names, c.envs.difficulties, range(c.envs.seed_offset, c.envs.seed_offset + c.envs.num_seeds))
-        self.curriculum = start_curriculum_service(c.curriculum, pool, str(self.run_dir))
+        # The RL checkpoint carries the curriculum state: never pick up a newer state.json of a killed run.
+        self.curriculum = start_curriculum_service(c.curriculum, pool, str(self.run_dir), resume=False)
         self.metrics = MetricsWriter(self.run_dir)
         self.scorer = ScoringPool(c.envs.scoring_workers)
         self.learner = LearnerGroup(c, resume_dir=str(resume) if resume else None)
@@ -80,6 +82,8 @@ class Driver:
                         resume, self.step, len(self.buffer), len(self.queue))
         self.workers = [self._new_worker(i, weights_from) for i in range(c.rollout.num_workers)]
         self.worker_restarts = 0
+        self.placement = {"learner": self.learner.node_ids(),
+                          "rollout": ray.get([w.node_id.remote() for w in self.workers])}
 
     def _new_worker(self, i: int, model_path: str):
         import ray
@@ -89,7 +93,8 @@ class Driver:
         c = self.cfg.rollout
         actor = ray.remote(num_cpus=c.num_cpus_per_worker, num_gpus=c.num_gpus_per_worker, max_restarts=0)(RolloutWorker)
         env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-        handle = actor.options(runtime_env={"env_vars": env}).remote(i, model_path, c, self.cfg.run.seed, self.version)
+        handle = actor.options(runtime_env={"env_vars": env}, resources=dict(c.resources) or None).remote(
+            i, model_path, c, self.cfg.run.seed, self.version)
         ray.get(handle.ping.remote())
         return handle
 
@@ -109,6 +114,9 @@ class Driver:
                 self._schedule(learner_busy=learner_ref is not None)
                 self._collect_generations(timeout=0.05)
                 self._collect_scores()
+                if self.reports:  # live pass-rate refresh, one call per batch of finished groups
+                    self.curriculum.report.remote(self.reports)
+                    self.reports = []
                 if learner_ref is None:
                     batch = self.buffer.pop_batch(c.algo.groups_per_step, self.version, c.async_.max_staleness)
                     self.ledger["dropped_stale"] = self.buffer.dropped_stale
@@ -144,7 +152,9 @@ class Driver:
             pending = len(self.queue) + len(self.buffer) + len(self.scoring) + sum(len(w) for _, w in self.inflight.values())
             summary = {"step": self.step, "version": self.version, "ledger": dict(self.ledger),
                        "pending_groups": pending, "restarted_workers": getattr(self, "worker_restarts", 0),
-                       "resumed_from_step": self.state.step if getattr(self, "state", None) else None}
+                       "resumed_from_step": self.state.step if getattr(self, "state", None) else None,
+                       "final_checkpoint": getattr(self, "last_checkpoint", None),
+                       "placement": getattr(self, "placement", None)}
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             self._shutdown()
         return summary
@@ -244,10 +254,10 @@ class Driver:
         self.ledger["scored"] += 1
         n_ok = sum(s.accuracy for s in group.samples)
         resp = [s.num_model_tokens for s in group.samples]
-        self.curriculum.report.remote([{
+        self.reports.append({
             "prompt_id": group.prompt_id, "k": group.k, "samples": len(group.samples), "successes": n_ok,
             "reward_mean": sum(group.rewards()) / len(group.samples), "response_tokens_mean": sum(resp) / len(resp),
-        }])
+        })
 
     # ------------------------------------------------------------------ learning
     def _train(self, groups: list[Group]):
@@ -326,7 +336,7 @@ class Driver:
     def _checkpoint(self) -> None:
         import ray
 
-        ckpt = self.run_dir / "checkpoints" / f"step-{self.step:06d}"
+        ckpt = checkpoint_dir(self.run_dir, self.step)
         state = RunState(
             step=self.step, version=self.version, buffer=self.buffer.state_dict(),
             # prompts being generated or scored are re-queued on resume: nothing is lost
@@ -336,6 +346,8 @@ class Driver:
         )
         self.learner.save(str(ckpt), {"step": self.step, "version": self.version})
         save_run_state(ckpt, state)
+        mark_latest(ckpt)
+        self.last_checkpoint = str(ckpt)
 
     def _log_samples(self, batch_info) -> None:
         every = self.cfg.run.sample_log_interval

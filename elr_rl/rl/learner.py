@@ -64,6 +64,11 @@ class LearnerRank:
         self.rank, self.world_size, self.cfg = rank, world_size, cfg
         self.engine = None
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def rendezvous_address(self) -> tuple[str, int]:
         return socket.gethostbyname(socket.gethostname()), free_port()
 
@@ -150,7 +155,10 @@ class LearnerGroup:
         )
         env = {"DS_ACCELERATOR": "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu",
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        self.ranks = [actor_cls.options(runtime_env={"env_vars": env}).remote(r, n, cfg) for r in range(n)]
+        self.ranks = [
+            actor_cls.options(runtime_env={"env_vars": env}, resources=dict(cfg.learner.resources) or None).remote(r, n, cfg)
+            for r in range(n)
+        ]
         addr, port = ray.get(self.ranks[0].rendezvous_address.remote())
         states = ray.get([r.setup.remote(addr, port, resume_dir) for r in self.ranks])
         self.client_state = states[0]
@@ -175,6 +183,11 @@ class LearnerGroup:
         import ray
 
         return ray.get(self.ranks[0].logprobs.remote(sequences, k))
+
+    def node_ids(self) -> list[str]:
+        import ray
+
+        return ray.get([r.node_id.remote() for r in self.ranks])
 
     def shutdown(self) -> None:
         import ray

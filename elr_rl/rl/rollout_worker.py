@@ -43,6 +43,11 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def set_k(self, k: int) -> None:
         if k != self.k:
             self.engine.set_k(k)

@@ -52,8 +52,18 @@ def save_run_state(ckpt: Path, state: RunState) -> None:
     os.replace(tmp, ckpt / STATE_FILE)
 
 
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """Same naming as the training stages: <run_dir>/checkpoints/step_0000020."""
+    return Path(run_dir) / "checkpoints" / f"step_{step:07d}"
+
+
+def mark_latest(ckpt: Path) -> None:
+    """Point <run_dir>/checkpoints/latest at a complete checkpoint (after its run_state.json)."""
+    (ckpt.parent / "latest").write_text(ckpt.name)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint (one whose run_state.json was written) of a run, if any."""
     root = Path(run_dir) / "checkpoints"
-    done = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file()) if root.is_dir() else []
+    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file()) if root.is_dir() else []
     return done[-1] if done else None

@@ -14,7 +14,7 @@ import pytest
 
 from elr_rl.rl.driver import Driver
 from elr_rl.rl.run_state import STATE_FILE
-from tests.rl.conftest import make_config
+from tests.rl.helpers import make_config
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, 
         [sys.executable, "-m", "elr_rl.cli", "rl", str(config), f"run.ray_address={ray_cluster}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
-    ckpt = run / "checkpoints" / "step-000002"
+    ckpt = run / "checkpoints" / "step_0000002"
     try:
         deadline = time.time() + 300
         while not (ckpt / STATE_FILE).is_file():
@@ -112,7 +112,7 @@ def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, 
     assert summary["resumed_from_step"] == 2 and summary["step"] == 6
     steps = [x["step"] for x in rows(run)]
     assert steps[-4:] == [3, 4, 5, 6]  # the resumed run continued, it did not start over
-    resumed_state = json.loads((run / "checkpoints" / "step-000006" / STATE_FILE).read_text())
+    resumed_state = json.loads((run / "checkpoints" / "step_0000006" / STATE_FILE).read_text())
     # the curriculum continued its sequence from the checkpoint's batch counter
     assert resumed_state["curriculum"]["batches"] > saved["curriculum"]["batches"]
     assert resumed_state["ledger"]["scheduled"] >= saved["ledger"]["scheduled"]

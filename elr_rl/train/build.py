@@ -1,0 +1,85 @@
+"""Model config, model and tokenizer from a `ModelSpec` (preset or checkpoint, plus overrides)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from elr_rl.train.config import LoopConfig, ModelSpec
+
+
+def _loop_overrides(spec: ModelSpec, loops: LoopConfig) -> dict[str, Any]:
+    """Model fields the loop config sets: K (under each format's own name) and truncated backprop."""
+    over = dict(spec.overrides)
+    if loops.max_loops is not None:
+        over["max_loops" if spec.family == "elr" else "max_recurrent_loops"] = loops.max_loops
+    if loops.truncated_backprop is not None:
+        over["truncated_backprop"] = loops.truncated_backprop
+    return over
+
+
+# Training-side fields the Dory format accepts on top of its released ones (written only when set).
+_DORY_EXTRAS = {"max_recurrent_loops", "truncated_backprop"}
+
+
+def _check_override_names(cls: type, over: dict[str, Any]) -> None:
+    """PretrainedConfig swallows unknown kwargs; a typo would silently do nothing, so reject it here."""
+    known = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    if cls.__name__ == "DoryConfig":
+        known |= _DORY_EXTRAS
+    for key in over:
+        if key not in known:
+            raise ValueError(f"config field `model.overrides.{key}`: {cls.__name__} has no field {key!r}; "
+                             f"choose among {sorted(known)}")
+
+
+def build_model_config(spec: ModelSpec, loops: LoopConfig):
+    """ElrConfig / DoryConfig from a preset (or a checkpoint's config.json) with overrides applied."""
+    from elr_rl.model import DoryConfig, ElrConfig, config_from_dict
+
+    over = _loop_overrides(spec, loops)
+    if spec.init_from is not None:
+        d = json.loads((Path(spec.init_from) / "config.json").read_text())
+        _check_override_names(type(config_from_dict(dict(d))), over)
+        d.update(over)
+        return config_from_dict(d)
+    cls = ElrConfig if spec.family == "elr" else DoryConfig
+    _check_override_names(cls, over)
+    if spec.preset == "default":
+        return cls(**over)
+    preset = getattr(cls, spec.preset, None)
+    if not callable(preset):
+        raise ValueError(f"config field `model.preset`: {cls.__name__} has no preset {spec.preset!r}; use 'tiny' or 'default'")
+    return preset(**over)
+
+
+def build_model(spec: ModelSpec, model_cfg: Any, seed: int) -> torch.nn.Module:
+    """A fresh model (seeded, identical on every rank) or one loaded from `spec.init_from`."""
+    from safetensors.torch import load_file
+
+    from elr_rl.model import LoopedForCausalLM
+
+    torch.manual_seed(seed)
+    model = LoopedForCausalLM(model_cfg)
+    if spec.init_from is not None:
+        state = load_file(str(Path(spec.init_from) / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"config field `model.init_from`: checkpoint does not match the model (missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}); do not override shape fields when starting from a checkpoint"
+            )
+    return model
+
+
+def build_tokenizer_for(spec: ModelSpec):
+    """The checkpoint's tokenizer when it has one, else the project's byte-level tokenizer."""
+    from elr_rl.model import build_tokenizer, load_tokenizer
+
+    if spec.init_from is not None and (Path(spec.init_from) / "tokenizer.json").is_file():
+        return load_tokenizer(spec.init_from)
+    return build_tokenizer()

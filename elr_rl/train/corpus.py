@@ -1,0 +1,208 @@
+"""Document sources for pretraining and SFT.
+
+Every source answers `document(index, difficulty) -> Document` deterministically,
+so a data cursor is just an integer and resume is exact. Three kinds:
+
+* built-in procedural generators (a problem with a worked, step-by-step solution);
+* registered environments (`env:<name>`, entry-point group `elr_rl.environments`):
+  a generated task's prompt plus `Environment.worked_solution(task)`;
+* local text / jsonl / json / parquet files read through `datasets` (never the hub).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Document:
+    """One training document. Pretraining trains on prompt + response; SFT on the response only."""
+
+    prompt: str
+    response: str
+
+
+class DocumentSource(Protocol):
+    name: str
+
+    def document(self, index: int, difficulty: int) -> Document:
+        """The `index`-th document of this source at `difficulty` (deterministic)."""
+        ...
+
+
+# --- built-in procedural generators: small problems whose solutions are chains of steps ---
+
+
+def gen_addition(rng: random.Random, difficulty: int) -> Document:
+    """Multi-digit addition, solved column by column with carries (least significant first)."""
+    n = 1 + difficulty
+    a, b = rng.randrange(10 ** (n - 1), 10**n), rng.randrange(10 ** (n - 1), 10**n)
+    steps, carry = [], 0
+    for da, db in zip(reversed(str(a).zfill(n)), reversed(str(b).zfill(n))):
+        s = int(da) + int(db) + carry
+        steps.append(f"{da}+{db}+{carry}={s}")
+        carry = s // 10
+    return Document(f"Q: {a}+{b}=?\n", f"A: {' '.join(steps)}; so {a + b}\n")
+
+
+def gen_sorting(rng: random.Random, difficulty: int) -> Document:
+    """Sort a list of numbers; the worked solution picks the minimum one at a time."""
+    xs = [rng.randrange(100) for _ in range(2 + 2 * difficulty)]
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], i))  # selection: where the next minimum sits
+    steps = " ".join(f"{xs[i]}@{i}" for i in order)
+    return Document(f"Q: sort {' '.join(map(str, xs))}\n", f"A: {steps}; so {' '.join(str(xs[i]) for i in order)}\n")
+
+
+def gen_pointer_chase(rng: random.Random, difficulty: int) -> Document:
+    """Follow a linked list for h hops; the worked solution lists every node visited."""
+    names = rng.sample("abcdefghijklmnopqrstuvwxyz", 4 + 2 * difficulty)
+    nxt = {n: rng.choice(names) for n in names}
+    start, hops = rng.choice(names), 1 + difficulty
+    path = [start]
+    for _ in range(hops):
+        path.append(nxt[path[-1]])
+    edges = " ".join(f"{k}>{v}" for k, v in nxt.items())
+    return Document(f"Q: {edges}; from {start} go {hops}\n", f"A: {'>'.join(path)}; so {path[-1]}\n")
+
+
+def gen_counting(rng: random.Random, difficulty: int) -> Document:
+    """Count a letter in a string, keeping a running count."""
+    s = "".join(rng.choice("ab") for _ in range(4 + 4 * difficulty))
+    c, run = 0, []
+    for ch in s:
+        c += ch == "a"
+        run.append(str(c))
+    return Document(f"Q: count a in {s}\n", f"A: {' '.join(run)}; so {c}\n")
+
+
+GENERATORS: dict[str, Callable[[random.Random, int], Document]] = {
+    "addition": gen_addition,
+    "sorting": gen_sorting,
+    "pointer_chase": gen_pointer_chase,
+    "counting": gen_counting,
+}
+
+
+@dataclass
+class GeneratorSource:
+    """A built-in generator as a DocumentSource."""
+
+    name: str
+    seed: int
+
+    def document(self, index: int, difficulty: int) -> Document:
+        rng = random.Random(f"{self.name}:{self.seed}:{index}:{difficulty}")
+        return GENERATORS[self.name](rng, difficulty)
+
+
+class EnvironmentSource:
+    """Worked solutions of a registered environment (`environments.registry`, entry-point group
+    `elr_rl.environments`): the task's prompt, then the environment's worked response."""
+
+    def __init__(self, env_name: str, seed: int) -> None:
+        from environments.registry import get_env
+
+        try:
+            self.env = get_env(env_name)
+        except ValueError as exc:
+            raise ValueError(
+                f"config field `data.generators`: {exc}; built-in generators: {sorted(GENERATORS)}"
+            ) from None
+        self.name, self.seed = f"env:{env_name}", seed
+
+    def document(self, index: int, difficulty: int) -> Document:
+        from environments.base import split_worked
+
+        lo, hi = self.env.min_difficulty, self.env.max_difficulty
+        task = self.env.generate(seed=self.seed * 1_000_003 + index, difficulty=min(max(difficulty, lo), hi))
+        prompt, response = split_worked(task, self.env.worked_solution(task))
+        # The rollout format: tokenize_document puts <|sep|> between prompt and response, exactly as
+        # elr_rl.model.encode_prompt does for rollouts, so no newline padding on either side.
+        return Document(prompt.rstrip("\n"), response.strip("\n"))
+
+
+_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+class FileSource:
+    """Rows of local files through `datasets`, visited in a fresh permutation every epoch."""
+
+    def __init__(self, paths: list[str], stage: str, text_field: str, prompt_field: str, response_field: str,
+                 seed: int) -> None:
+        import datasets
+
+        exts = {Path(p).suffix for p in paths}
+        if len(exts) != 1 or next(iter(exts)) not in _BUILDERS:
+            raise ValueError(f"config field `data.files`: use files of one type among {sorted(_BUILDERS)}, got {sorted(exts)}")
+        builder = _BUILDERS[exts.pop()]
+        self.rows = datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train")
+        need = [text_field] if stage == "pretrain" else [prompt_field, response_field]
+        if builder == "text":
+            need = ["text"] if stage == "pretrain" else need
+            text_field = "text"
+        missing = [c for c in need if c not in self.rows.column_names]
+        if missing:
+            raise ValueError(
+                f"config field `data.{'text_field' if stage == 'pretrain' else 'prompt_field'}`: columns {missing} "
+                f"not in {paths}; the files have {self.rows.column_names}"
+            )
+        if len(self.rows) == 0:
+            raise ValueError(f"config field `data.files`: {paths} hold no rows")
+        self.stage, self.seed, self.name = stage, seed, "files"
+        self.text_field, self.prompt_field, self.response_field = text_field, prompt_field, response_field
+
+    def document(self, index: int, difficulty: int) -> Document:
+        n = len(self.rows)
+        epoch, pos = divmod(index, n)
+        row = self.rows[int(np.random.default_rng([self.seed, epoch]).permutation(n)[pos])]
+        if self.stage == "pretrain":
+            return Document("", str(row[self.text_field]))
+        return Document(str(row[self.prompt_field]), str(row[self.response_field]))
+
+
+class MixedSource:
+    """Document j: from the files with probability `file_weight`, else from a uniformly chosen generator.
+
+    The choice and the difficulty are pure functions of (seed, j).
+    """
+
+    def __init__(self, generators: list[DocumentSource], files: FileSource | None, file_weight: float,
+                 min_difficulty: int, max_difficulty: int, seed: int) -> None:
+        self.generators, self.files = generators, files
+        self.file_weight = file_weight if (files is not None and generators) else (1.0 if files else 0.0)
+        self.lo, self.hi, self.seed = min_difficulty, max_difficulty, seed
+
+    def document(self, index: int) -> Document:
+        rng = np.random.default_rng([self.seed, index, 7])
+        use_file = rng.random() < self.file_weight
+        difficulty = int(rng.integers(self.lo, self.hi + 1))
+        if use_file:
+            assert self.files is not None
+            return self.files.document(index, difficulty)
+        return self.generators[int(rng.integers(len(self.generators)))].document(index, difficulty)
+
+
+def build_source(data_cfg, stage: str, heldout: bool = False) -> MixedSource:
+    """The document stream a DataConfig describes; held-out uses a disjoint seed."""
+    seed = data_cfg.seed + (1_000_003 if heldout else 0)
+    gens: list[DocumentSource] = []
+    for name in data_cfg.generators:
+        if name.startswith("env:"):
+            gens.append(EnvironmentSource(name[4:], seed))
+        elif name in GENERATORS:
+            gens.append(GeneratorSource(name, seed))
+        else:
+            raise ValueError(
+                f"config field `data.generators`: unknown generator {name!r}; use one of {sorted(GENERATORS)} "
+                "or env:<registered environment>"
+            )
+    files = None
+    if data_cfg.files:
+        files = FileSource(list(data_cfg.files), stage, data_cfg.text_field, data_cfg.prompt_field,
+                           data_cfg.response_field, seed)
+    return MixedSource(gens, files, data_cfg.file_weight, data_cfg.min_difficulty, data_cfg.max_difficulty, seed)

@@ -1,0 +1,282 @@
+"""The training engine shared by pretraining, SFT and the RL learner: one DeepSpeed data-parallel rank.
+
+    engine = TrainEngine(model_cfg, train_cfg, rank, world_size)
+    stats = engine.train_step(microbatches, ks, lr)      # one optimizer step (grad accumulation inside)
+    engine.save(dir, client_state); engine.load(dir)     # HF-layout weights + DeepSpeed optimizer state
+
+The same code runs on CPU (DS_ACCELERATOR=cpu, gloo) and CUDA (NCCL): the
+accelerator is a config value. DeepSpeed is imported inside functions so that
+`import elr_rl` stays light.
+
+Weight surgery (nGPT re-normalisation after each step, zero-initialising the
+loop-conditioning heads at the delayed-mixed-depth switch) must reach the fp32
+master weights that ZeRO / bf16 keep inside the optimizer, or the next step
+would overwrite it: `apply_to_weights_` runs the model's own in-place method
+on the masters and copies the result back into the module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from elr_rl.train.config import TrainConfig
+from elr_rl.train.data import IGNORE_INDEX
+
+LossFn = Callable[[torch.Tensor, dict], torch.Tensor]
+
+
+def resolve_accelerator(name: str) -> str:
+    """`auto` -> cuda when a GPU is visible, else cpu."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("config field `engine.accelerator`: cuda requested but no GPU is visible; use cpu or auto")
+    return name
+
+
+def init_distributed(rank: int, world_size: int, accelerator: str, master_addr: str = "127.0.0.1",
+                     master_port: int = 29500, local_rank: int | None = None) -> None:
+    """Join the torch.distributed group (gloo on CPU, NCCL on CUDA) through DeepSpeed."""
+    os.environ["DS_ACCELERATOR"] = accelerator  # read by deepspeed at import: must precede it
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank if local_rank is None else local_rank),
+        MASTER_ADDR=os.environ.get("MASTER_ADDR", master_addr), MASTER_PORT=os.environ.get("MASTER_PORT", str(master_port)),
+    )
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "gloo" if accelerator == "cpu" else "nccl"
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=rank, world_size=world_size,
+                               verbose=False)
+
+
+def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed JSON config a TrainConfig describes (the lr is set by us every step)."""
+    e, o = cfg.engine, cfg.optim
+    # torch's AdamW on both devices: DeepSpeed's FusedAdam would need a JIT-compiled CUDA op.
+    adam: dict[str, Any] = {"lr": o.lr, "betas": [o.beta1, o.beta2], "eps": o.eps, "weight_decay": o.weight_decay,
+                            "torch_adam": True}
+    return {
+        "train_micro_batch_size_per_gpu": e.micro_batch_size,
+        "gradient_accumulation_steps": e.grad_accum_steps,
+        "train_batch_size": e.micro_batch_size * e.grad_accum_steps * world_size,
+        "gradient_clipping": o.grad_clip,
+        "zero_optimization": {"stage": e.zero_stage},
+        "bf16": {"enabled": e.precision == "bf16"},
+        "optimizer": {"type": "AdamW", "params": adam},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+    }
+
+
+def cross_entropy_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Mean next-token cross entropy over positions whose label is not IGNORE_INDEX."""
+    labels = batch["labels"]
+    if not bool((labels != IGNORE_INDEX).any()):
+        return logits.sum() * 0.0  # no target in this microbatch: zero loss, graph kept for DeepSpeed
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def _grad_norm(params) -> float:
+    """Global L2 norm of the (already all-reduced) gradients: sqrt(sum ||g||^2)."""
+    sq = [p.grad.detach().float().pow(2).sum() for p in params if p.grad is not None]
+    return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
+
+
+class TrainEngine:
+    """One data-parallel rank of a DeepSpeed engine around a LoopedForCausalLM."""
+
+    def __init__(self, model_cfg: Any, train_cfg: TrainConfig, rank: int, world_size: int,
+                 model: torch.nn.Module | None = None, local_rank: int | None = None) -> None:
+        from elr_rl.model import LoopedForCausalLM
+
+        self.cfg, self.model_cfg = train_cfg, model_cfg
+        self.rank, self.world_size = rank, world_size
+        self.accelerator = resolve_accelerator(train_cfg.engine.accelerator)
+        if train_cfg.engine.torch_threads > 0:
+            torch.set_num_threads(train_cfg.engine.torch_threads)
+        init_distributed(rank, world_size, self.accelerator, local_rank=local_rank)
+        import deepspeed
+
+        if self.accelerator == "cuda":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.manual_seed(train_cfg.run.seed)  # identical initial weights on every rank
+        if model is None:
+            model = LoopedForCausalLM(model_cfg)
+        self._frozen: tuple[str, ...] = ()
+        for name, p in model.named_parameters():
+            p.register_hook(self._grad_gate(name))
+        ds_cfg = deepspeed_config(train_cfg, world_size)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
+        )
+        self.model = self.engine.module
+        self.device = self.engine.device
+        self.zero_stage = train_cfg.engine.zero_stage
+        self.dtype = torch.bfloat16 if train_cfg.engine.precision == "bf16" else torch.float32
+        # ZeRO-0 in fp32 hands the torch optimizer over as is; DeepSpeed then reports no grad norm.
+        self._plain_optimizer = self.zero_stage == 0 and self.dtype == torch.float32
+
+    # ------------------------------------------------------------------ freezing
+    def _grad_gate(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        # A zero gradient leaves AdamW's moments at 0, so a frozen parameter does not move.
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            return torch.zeros_like(grad) if name.startswith(self._frozen) else grad  # () matches nothing
+        return hook
+
+    def freeze(self, prefixes: tuple[str, ...]) -> None:
+        """Zero the gradients of parameters whose names start with one of `prefixes` (() unfreezes)."""
+        self._frozen = tuple(prefixes)
+
+    # ------------------------------------------------------------------ steps
+    def to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def forward(self, batch: dict, k: int) -> torch.Tensor:
+        """Logits [B, T, V] (float32) of a packed batch at loop count k."""
+        return self.engine(batch["input_ids"], k=k, positions=batch.get("positions"),
+                           segment_ids=batch.get("segment_ids"))
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def train_step(self, microbatches: list[dict], ks: list[int], lr: float,
+                   loss_fn: LossFn = cross_entropy_loss) -> dict[str, Any]:
+        """One optimizer step over this rank's microbatches, microbatch i at loop count ks[i].
+
+        Returns the per-microbatch losses, the global gradient norm (before clipping) and the lr.
+        """
+        if len(microbatches) != self.cfg.engine.grad_accum_steps or len(ks) != len(microbatches):
+            raise ValueError(
+                f"train_step needs engine.grad_accum_steps={self.cfg.engine.grad_accum_steps} microbatches and as "
+                f"many loop counts, got {len(microbatches)} and {len(ks)}"
+            )
+        self.set_lr(lr)
+        self.engine.train()
+        losses = []
+        norm = None
+        for i, (batch, k) in enumerate(zip(microbatches, ks)):
+            batch = self.to_device(batch)
+            loss = loss_fn(self.forward(batch, k), batch)
+            self.engine.backward(loss)  # gradients are all-reduced here at the accumulation boundary
+            if i == len(ks) - 1 and self._plain_optimizer:
+                norm = _grad_norm(self.model.parameters())
+            self.engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
+            losses.append(float(loss.detach()))
+        if self.model.spec.backbone == "ngpt":
+            self.apply_to_weights_(lambda m: m.normalize_weights_())
+        if norm is None:
+            norm = self.engine.get_global_grad_norm()
+        return {"losses": losses, "grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
+
+    @torch.no_grad()
+    def eval_loss(self, batch: dict, k: int, loss_fn: LossFn = cross_entropy_loss) -> float:
+        """Loss of one batch at loop count k, without gradients (all ranks must call it under ZeRO-3)."""
+        self.engine.eval()
+        batch = self.to_device(batch)
+        return float(loss_fn(self.forward(batch, k), batch))
+
+    # ------------------------------------------------------------------ weight surgery
+    def _gathered(self, params: list[torch.nn.Parameter], modifier_rank: int | None):
+        if self.zero_stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
+
+    def _unfused_masters(self) -> dict[int, torch.Tensor]:
+        """id(module param) -> its fp32 master, for DeepSpeed's unfused 16-bit optimizer (ZeRO-0 + bf16),
+        which keeps per-parameter masters without the `_hp_mapping` links ZeRO-1/2/3 set."""
+        opt = self.optimizer
+        out: dict[int, torch.Tensor] = {}
+        for low, high in zip(getattr(opt, "fp16_groups", []), getattr(opt, "fp32_groups", [])):
+            if isinstance(high, (list, tuple)):
+                out.update({id(lp): hp for lp, hp in zip(low, high)})
+        return out
+
+    def _masters(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor | None]:
+        """Each parameter's full fp32 master (a collective under ZeRO); None when it is its own master."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        unfused = self._unfused_masters()
+        masters = [unfused[id(p)] if id(p) in unfused else safe_get_full_fp32_param(p) for p in params]
+        if self.dtype != torch.float32 and any(m is None for m in masters):
+            raise RuntimeError("bf16 engine without fp32 master weights: unknown DeepSpeed optimizer layout")
+        return masters
+
+    @torch.no_grad()
+    def apply_to_weights_(self, fn: Callable[[torch.nn.Module], None]) -> None:
+        """Run an in-place weight function on the fp32 master weights and mirror it into the module.
+
+        Every rank calls it (the master copies are partitioned); all ranks compute the same result.
+        """
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        params = list(self.model.parameters())
+        with self._gathered(params, modifier_rank=0):
+            masters = self._masters(params)
+            if all(m is None for m in masters):
+                fn(self.model)
+                return
+            unfused = self._unfused_masters()
+            working = [p.data for p in params]
+            for p, m in zip(params, masters):
+                p.data = m.clone() if m is not None else p.data.float()
+            try:
+                fn(self.model)
+                for p, m in zip(params, masters):
+                    if id(p) in unfused:
+                        unfused[id(p)].copy_(p.data)
+                    elif m is not None:
+                        safe_set_full_fp32_param(p, p.data)
+                new = [p.data for p in params]
+            finally:
+                for p, w in zip(params, working):
+                    p.data = w
+            for w, n in zip(working, new):
+                w.copy_(n.to(w.dtype))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """fp32 weights of the whole model on CPU (every rank calls; every rank gets it)."""
+        names, params = zip(*self.model.named_parameters())
+        with self._gathered(list(params), modifier_rank=None):
+            masters = self._masters(list(params))
+            return {n: (m if m is not None else p.data).detach().float().cpu().clone()
+                    for n, p, m in zip(names, params, masters)}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: str | Path, client_state: dict, tokenizer: Any = None) -> None:
+        """HF-layout weights (config.json, model.safetensors, tokenizer) + DeepSpeed optimizer state.
+
+        Every rank calls it; rank 0 writes the HF files.
+        """
+        from elr_rl.model import LoopedForCausalLM
+
+        directory = Path(directory)
+        state = self.full_state_dict()
+        if self.rank == 0:
+            with torch.device("meta"):
+                export = LoopedForCausalLM(self.model_cfg)
+            export.load_state_dict(state, assign=True, strict=True)
+            export.save_pretrained(directory)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(directory))
+        # Under one key: DeepSpeed hands back its own leftovers next to the client state on load.
+        self.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", client_state={"elr_rl": client_state})
+
+    def load(self, directory: str | Path) -> dict:
+        """Restore weights, fp32 masters and optimizer state; returns the saved client_state."""
+        path, client_state = self.engine.load_checkpoint(str(Path(directory) / "deepspeed"), tag="state")
+        if path is None:
+            raise ValueError(f"no DeepSpeed checkpoint under {str(directory)!r}/deepspeed")
+        return client_state["elr_rl"]

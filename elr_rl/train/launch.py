@@ -1,0 +1,71 @@
+"""Start the data-parallel ranks of a training run.
+
+* `env`: this process is one rank of an external launch (torchrun / deepspeed set
+  RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+* `local`: spawn `world_size` processes on this machine (one process when 1).
+* `ray`: one Ray actor per rank anywhere on a Ray cluster; rank 0's node hosts
+  the torch.distributed rendezvous (see `elr_rl.train.ray_ranks`).
+
+Every path ends in `run_rank`, and rank 0's summary is what the launch returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from elr_rl.train.config import TrainConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def run_rank(cfg: TrainConfig, rank: int, world_size: int, master_addr: str, master_port: int,
+             local_rank: int | None = None) -> dict[str, Any] | None:
+    """Run one rank to the end; rank 0 returns the run summary (also written to summary.json)."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
+    from elr_rl.train.trainer import Trainer
+
+    trainer = Trainer(cfg, rank, world_size, local_rank=local_rank)
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    if rank != 0:
+        return None
+    Path(cfg.run.output_dir, "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _spawned_rank(rank: int, cfg: TrainConfig, world_size: int, port: int) -> None:
+    run_rank(cfg, rank, world_size, "127.0.0.1", port, local_rank=rank)
+
+
+def launch(cfg: TrainConfig) -> dict[str, Any] | None:
+    """Run the whole training job as configured; returns rank 0's summary (None on other env ranks)."""
+    d = cfg.dist
+    if d.launcher == "env":
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        return run_rank(cfg, rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                        int(os.environ.get("MASTER_PORT", d.master_port or 29500)),
+                        local_rank=int(os.environ.get("LOCAL_RANK", rank)))
+    if d.launcher == "ray":
+        from elr_rl.train.ray_ranks import launch_on_ray
+
+        return launch_on_ray(cfg)
+    port = d.master_port or free_port()
+    if d.world_size == 1:
+        return run_rank(cfg, 0, 1, "127.0.0.1", port, local_rank=0)
+    import torch.multiprocessing as mp
+
+    Path(cfg.run.output_dir).mkdir(parents=True, exist_ok=True)
+    # spawn, not fork: a forked child would inherit this process's torch/DeepSpeed state.
+    mp.start_processes(_spawned_rank, args=(cfg, d.world_size, port), nprocs=d.world_size, join=True,
+                       start_method="spawn")
+    return json.loads(Path(cfg.run.output_dir, "summary.json").read_text())

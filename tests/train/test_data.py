@@ -1,0 +1,151 @@
+"""Corpus, packing and SFT masks: documents never see each other, SFT trains on responses only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from elr_rl.model import ElrConfig, LoopedForCausalLM, build_tokenizer
+from elr_rl.train.config import DataConfig
+from elr_rl.train.corpus import GENERATORS, Document, MixedSource, build_source
+from elr_rl.train.data import IGNORE_INDEX, Packer, tokenize_document
+from elr_rl.train.engine import cross_entropy_loss
+
+
+class ListSource(MixedSource):
+    """A fixed list of documents, cycled (for exact packing tests)."""
+
+    def __init__(self, docs: list[Document]) -> None:
+        self.docs = docs
+
+    def document(self, index: int) -> Document:
+        return self.docs[index % len(self.docs)]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_generators_are_deterministic_and_worked():
+    src = build_source(DataConfig(), "pretrain")
+    assert src.document(5) == build_source(DataConfig(), "pretrain").document(5)
+    assert src.document(5) != build_source(DataConfig(), "pretrain", heldout=True).document(5)
+    for name in GENERATORS:
+        doc = build_source(DataConfig(generators=[name], max_difficulty=1), "pretrain").document(0)
+        assert doc.prompt.startswith("Q:") and doc.response.startswith("A:") and " so " in doc.response
+
+
+def test_packing_resets_positions_and_never_crosses_documents(tok):
+    docs = [Document("Q: 12+34=?\n", "A: 46\n"), Document("Q: sort 3 1 2\n", "A: 1 2 3\n")]
+    seq = Packer(ListSource(docs), tok, seq_len=64, stage="pretrain").next_sequence()
+    ids, pos, seg, labels = (seq[k] for k in ("input_ids", "positions", "segment_ids", "labels"))
+    first_len = len(tokenize_document(docs[0], tok, "pretrain")[0])
+    assert pos[:first_len] == list(range(first_len)) and pos[first_len] == 0
+    assert seg[first_len - 1] != seg[first_len]
+    for t in range(63):
+        if labels[t] != IGNORE_INDEX:
+            assert seg[t] == seg[t + 1] and labels[t] == ids[t + 1]
+    assert labels[first_len - 1] == IGNORE_INDEX  # eos of doc 0 does not predict bos of doc 1
+
+
+def test_model_sees_packed_documents_as_if_alone(tok):
+    """Correct attention boundaries: a document's logits do not depend on its neighbours."""
+    torch.manual_seed(0)
+    model = LoopedForCausalLM(ElrConfig.tiny()).eval()
+    docs = [Document("Q: 12+34=?\n", "A: 46\n"), Document("Q: sort 3 1 2\n", "A: 1 2 3\n")]
+    batch = Packer(ListSource(docs), tok, seq_len=64, stage="pretrain").next_batch(1)
+    n0 = len(tokenize_document(docs[0], tok, "pretrain")[0])
+    n1 = len(tokenize_document(docs[1], tok, "pretrain")[0])
+    with torch.no_grad():
+        packed = model(batch["input_ids"], k=3, positions=batch["positions"], segment_ids=batch["segment_ids"])
+        alone = model(batch["input_ids"][:, n0:n0 + n1], k=3)
+    torch.testing.assert_close(packed[:, n0:n0 + n1], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_pretraining_splits_long_documents_and_sft_keeps_them_whole(tok):
+    docs = [Document("Q: " + "x" * 30 + "\n", "A: " + "y" * 30 + "\n")]
+    pre = Packer(ListSource(docs), tok, seq_len=48, stage="pretrain")
+    a, b = pre.next_sequence(), pre.next_sequence()
+    assert tok.pad_token_id not in a["input_ids"] and b["positions"][0] == 0
+    sft = Packer(ListSource(docs), tok, seq_len=48, stage="sft")
+    s = sft.next_sequence()  # 69-token document truncated to one sequence, never split across two
+    assert s["input_ids"][0] == tok.bos_token_id and sft.next_sequence()["input_ids"][0] == tok.bos_token_id
+
+
+def test_packer_state_dict_resumes_exactly(tok):
+    src = build_source(DataConfig(), "pretrain")
+    a = Packer(src, tok, 64, "pretrain", rank=1, world_size=2)
+    for _ in range(3):
+        a.next_sequence()
+    b = Packer(src, tok, 64, "pretrain", rank=1, world_size=2)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert [a.next_sequence() for _ in range(3)] == [b.next_sequence() for _ in range(3)]
+
+
+def _sft_records(path, prompts, responses):
+    with open(path, "w") as fh:
+        for p, r in zip(prompts, responses):
+            fh.write(json.dumps({"prompt": p, "response": r}) + "\n")
+
+
+def test_sft_loss_ignores_prompt_targets(tok, tmp_path):
+    """Changing the prompt tokens (the targets at prompt positions) leaves the SFT loss unchanged;
+    changing a response token does not."""
+    resp = ["A: 46\n", "A: 1 2 3\n"]
+    base, other, bad = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    _sft_records(base, ["Q: 12+34=?\n", "Q: sort 3 1 2\n"], resp)
+    _sft_records(other, ["Z: 98*76=!\n", "Z: tros 9 8 7\n"], resp)  # same lengths, other prompt tokens
+    _sft_records(bad, ["Q: 12+34=?\n", "Q: sort 3 1 2\n"], ["A: 47\n", "A: 1 2 3\n"])
+
+    def batch(path):
+        src = build_source(DataConfig(files=[str(path)], generators=[], seq_len=32), "sft")
+        return Packer(src, tok, 32, "sft").next_batch(2)
+
+    b0, b1, b2 = batch(base), batch(other), batch(bad)
+    assert not torch.equal(b0["input_ids"], b1["input_ids"])
+    n_targets = int((b0["labels"] != IGNORE_INDEX).sum())
+    assert n_targets == sum(len(tok.encode(r, add_special_tokens=False)) + 1 for r in resp)
+    torch.manual_seed(0)
+    logits = torch.randn(2, 32, 260)
+    l0, l1, l2 = (cross_entropy_loss(logits, b) for b in (b0, b1, b2))
+    assert float(l0) == float(l1)
+    assert float(l0) != float(l2)
+
+
+def test_local_text_and_parquet_files_through_datasets(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    txt = tmp_path / "corpus.txt"
+    txt.write_text("first line of text\nsecond line\n")
+    src = build_source(DataConfig(files=[str(txt)], generators=[]), "pretrain")
+    assert {src.document(i).response for i in range(2)} == {"first line of text", "second line"}
+    pq.write_table(pa.table({"prompt": ["Q: 1+1=?\n"], "response": ["A: 2\n"]}), tmp_path / "sft.parquet")
+    src = build_source(DataConfig(files=[str(tmp_path / "sft.parquet")], generators=[]), "sft")
+    assert src.document(3) == Document("Q: 1+1=?\n", "A: 2\n")
+    with pytest.raises(ValueError, match="data.text_field"):
+        build_source(DataConfig(files=[str(tmp_path / "sft.parquet")], generators=[]), "pretrain")
+
+
+def test_truncated_backprop_and_K_come_from_the_loop_config():
+    from elr_rl.train.build import build_model, build_model_config
+    from elr_rl.train.config import LoopConfig, ModelSpec
+
+    for family in ("elr", "dory"):
+        spec = ModelSpec(family=family)
+        mc = build_model_config(spec, LoopConfig(max_loops=6, truncated_backprop=2))
+        model = build_model(spec, mc, seed=0)
+        assert model.spec.truncated_backprop == 2 and model.spec.max_loops == 6
+
+
+def test_registered_environment_worked_solutions_feed_the_corpus():
+    src = build_source(DataConfig(generators=["env:arith_multidigit", "addition"], min_difficulty=2,
+                                  max_difficulty=2), "pretrain")
+    docs = [src.document(i) for i in range(12)]
+    env_docs = [d for d in docs if not d.prompt.startswith("Q:")]
+    assert env_docs and all("<answer>" in d.response for d in env_docs)
+    with pytest.raises(ValueError, match="data.generators"):
+        build_source(DataConfig(generators=["env:no_such_env"]), "pretrain")
