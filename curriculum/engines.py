@@ -100,7 +100,7 @@ def ray_runner(cfg: ProfileConfig, factory: GenerateFactory) -> tuple[ChunkRunne
 
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(include_dashboard=False, configure_logging=False)
+        ray.init(address="local", include_dashboard=False, configure_logging=False)
     actor_cls = ray.remote(ProfileWorker).options(num_cpus=cfg.engine_cpus)
     # Each engine its own sampling seed, so two engines never draw the same random stream.
     workers = [actor_cls.remote(replace(cfg, seed=cfg.seed + i), factory) for i in range(cfg.num_engines)]

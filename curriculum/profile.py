@@ -201,42 +201,17 @@ def run_episodes(
     k: int,
     max_context: int | None = None,
 ) -> list[Sampled]:
-    """Play each first turn's episode on until the environment is done or out of turns.
+    """Play each first turn's episode on (elr_rl.rollout.episodes, the RL workers' implementation).
 
-    The transcript format is the RL rollout worker's: after a model turn comes
-    the environment's observation bytes and `<|sep|>`, then the next model turn.
-    A turn cut off by max_tokens ends its episode, and so does a transcript
-    longer than max_context (the engine could not extend it). The sample's text joins the
-    model turns with the environments' turn separator, so `env.score(task, text)`
-    replays the same episode.
+    The sample's text joins the model turns with the environments' turn separator, so
+    `env.score(task, text)` replays the same episode.
     """
-    from elr_rl.model.tokenizer import SEP_ID, decode_bytes
+    from elr_rl.rollout.episodes import play_episodes
     from environments.base import TURN_SEPARATOR
 
-    states = [env.reset(task) for _ in first]
-    transcript = [list(c.token_ids) for c in first]  # everything after the prompt
-    last = list(first)  # each episode's latest model turn
-    texts = [decode_bytes(c.token_ids) for c in first]
-    tokens = [len(c.token_ids) for c in first]
-    active = list(range(len(first)))
-    for turn in range(env.max_turns):
-        still = []
-        for i in active:
-            result = env.step(task, states[i], decode_bytes(last[i].token_ids))  # untrusted turn: env parses it
-            if result.done or turn == env.max_turns - 1 or last[i].finish_reason == "length":
-                continue
-            transcript[i] += [*result.observation.encode("utf-8"), SEP_ID]
-            if max_context is None or len(prompt_ids) + len(transcript[i]) <= max_context:
-                still.append(i)
-        if not still:
-            break
-        for i, group in zip(still, generate([prompt_ids + transcript[i] for i in still], k, 1)):
-            last[i] = group[0]
-            transcript[i] += list(group[0].token_ids)
-            texts[i] += TURN_SEPARATOR + decode_bytes(group[0].token_ids)
-            tokens[i] += len(group[0].token_ids)
-        active = still
-    return [Sampled(texts[i], tokens[i], env.score_episode(task, states[i])) for i in range(len(first))]
+    episodes = play_episodes(lambda ctxs: [g[0] for g in generate(ctxs, k, 1)], env, task, prompt_ids, first,
+                             max_context)
+    return [Sampled(TURN_SEPARATOR.join(ep.turns), ep.model_tokens, ep.score) for ep in episodes]
 
 
 def env_scorer(envs: dict[str, Any]) -> ScoreFn:

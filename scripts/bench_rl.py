@@ -67,7 +67,7 @@ def main() -> None:
     ckpt = out / "toy_ckpt"
     if not (ckpt / "config.json").is_file():
         format_sft_checkpoint(ckpt)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         res = {m: run_mode(m, ckpt, out, args.steps) for m in ("sync", "async")}
     finally:

@@ -12,7 +12,7 @@ if [ $# -lt 1 ]; then
   echo "usage: RAY_ADDRESS=http://HEAD:8265 bash scripts/submit.sh CONFIG [key=value ...]" >&2
   exit 2
 fi
-: "${RAY_ADDRESS:?set RAY_ADDRESS to the cluster's dashboard address, e.g. http://127.0.0.1:8265}"
+: "${RAY_ADDRESS:?set RAY_ADDRESS to the dashboard address of the cluster, e.g. http://127.0.0.1:8265}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${ELR_PYTHON:-python}"
 RAY="${ELR_RAY:-ray}"

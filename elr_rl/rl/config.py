@@ -180,7 +180,7 @@ class RunConfig:
     seed: int = 0
     """Seed of sampling, curriculum and learner."""
     ray_address: Optional[str] = None
-    """Address of an existing Ray cluster; None starts (or joins) a local one."""
+    """Ray cluster to join ("auto": the one running on this node; host:port); None starts a new local one."""
     ray_num_cpus: Optional[int] = None
     """CPUs a locally started Ray may use (None: all)."""
     sample_log_interval: int = 5

@@ -58,7 +58,7 @@ class Driver:
 
         c = self.cfg
         if not ray.is_initialized():
-            ray.init(address=c.run.ray_address, num_cpus=c.run.ray_num_cpus, include_dashboard=False,
+            ray.init(address=c.run.ray_address or "local", num_cpus=c.run.ray_num_cpus, include_dashboard=False,
                      log_to_driver=False, logging_level=logging.WARNING)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(c, self.run_dir / "config.yaml")

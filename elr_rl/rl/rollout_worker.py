@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elr_rl.model.tokenizer import EOS_ID, SEP_ID, decode_bytes, encode_prompt
+from elr_rl.model.tokenizer import EOS_ID, decode_bytes, encode_prompt
 from elr_rl.rl.config import RolloutConfig
 from elr_rl.rl.samples import Group, Sample
 
@@ -94,7 +94,7 @@ class RolloutWorker:
             for a, env, task, prompt, completions in zip(batch, envs, tasks, prompts, outs):
                 samples = [self._to_sample(prompt, c) for c in completions]
                 if env.multi_turn:
-                    self._run_episodes(env, task, samples)
+                    self._run_episodes(env, task, samples, completions)
                 groups.append(Group(dict(a), samples, version, self.worker_id))
         self.busy_s += time.perf_counter() - t0
         return [g.to_dict() for g in groups]
@@ -117,36 +117,16 @@ class RolloutWorker:
             finish_reason=str(completion.finish_reason), text=decode_bytes(ids),
         )
 
-    def _run_episodes(self, env, task, samples: list[Sample]) -> None:
-        """Continue each sample's episode turn by turn until done or out of turns, then score it."""
-        states = [env.reset(task) for _ in samples]
-        texts = [s.text for s in samples]
-        active = list(range(len(samples)))
-        for turn in range(env.max_turns):
-            still = []
-            for i in active:
-                result = env.step(task, states[i], texts[i])
-                if result.done or turn == env.max_turns - 1 or samples[i].finish_reason == "length":
-                    continue
-                obs = [*result.observation.encode("utf-8"), SEP_ID]  # environment text, never trained
-                s = samples[i]
-                s.response_ids += obs
-                s.response_mask += [0] * len(obs)
-                s.rollout_logprobs += [0.0] * len(obs)
-                still.append(i)
-            if not still:
-                break
-            contexts = [samples[i].prompt_ids + samples[i].response_ids for i in still]
-            for i, outs in zip(still, self._sample(contexts, n=1)):
-                c = outs[0]
-                s = samples[i]
-                s.response_ids += list(c.token_ids)
-                s.response_mask += [1] * len(c.token_ids)
-                s.rollout_logprobs += [float(x) for x in c.logprobs]
-                s.finish_reason = str(c.finish_reason)
-                texts[i] = decode_bytes(list(c.token_ids))
-                s.text += "\n" + texts[i]
-            active = still
-        for s, state in zip(samples, states):
-            score = env.score_episode(task, state)
-            s.reward, s.accuracy, s.error = float(score.reward), bool(score.accuracy), score.error
+    def _run_episodes(self, env, task, samples: list[Sample], completions) -> None:
+        """Continue each sample's episode turn by turn (token in / token out), then score it."""
+        from elr_rl.rollout.episodes import play_episodes
+        from environments.base import TURN_SEPARATOR
+
+        prompt = samples[0].prompt_ids
+        room = self.cfg.max_model_len - self.cfg.max_new_tokens
+        episodes = play_episodes(lambda ctxs: [g[0] for g in self._sample(ctxs, n=1)], env, task, prompt,
+                                 completions, max_context=room)
+        for s, ep in zip(samples, episodes):
+            s.response_ids, s.response_mask, s.rollout_logprobs = ep.response_ids, ep.response_mask, ep.logprobs
+            s.finish_reason, s.text = ep.finish_reason, TURN_SEPARATOR.join(ep.turns)
+            s.reward, s.accuracy, s.error = float(ep.score.reward), bool(ep.score.accuracy), ep.score.error

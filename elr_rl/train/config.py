@@ -140,7 +140,7 @@ class DistConfig:
     master_port: int = 0
     """Rendezvous port for local/ray launch; 0 picks a free port."""
     ray_address: Optional[str] = None
-    """Ray cluster address for launcher=ray (None: start or join a local Ray)."""
+    """Ray cluster address for launcher=ray ("auto": the running local cluster; None: start a new local Ray)."""
     ray_num_cpus_per_rank: float = 1.0
     """CPUs reserved by each rank actor."""
     ray_num_gpus_per_rank: float = 0.0

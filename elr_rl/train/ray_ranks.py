@@ -37,7 +37,7 @@ def launch_on_ray(cfg: TrainConfig) -> dict[str, Any] | None:
     d = cfg.dist
     started = not ray.is_initialized()
     if started:
-        ray.init(address=d.ray_address, include_dashboard=False, log_to_driver=True)
+        ray.init(address=d.ray_address or "local", include_dashboard=False, log_to_driver=True)
     actors = [
         RankActor.options(num_cpus=d.ray_num_cpus_per_rank, num_gpus=d.ray_num_gpus_per_rank).remote()
         for _ in range(d.world_size)

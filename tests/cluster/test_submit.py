@@ -43,13 +43,18 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=30)
 
 
-def wait_for_nodes(address: str, n: int, timeout: float = 120) -> None:
+def wait_for_nodes(address: str, n: int, nodes: list[subprocess.Popen], logs: list[Path], timeout: float = 180) -> None:
     code = ("import ray,sys; ray.init(address=sys.argv[1], log_to_driver=False); "
             "print(sum(1 for x in ray.nodes() if x['Alive'])); ray.shutdown()")
     deadline = time.time() + timeout
     while time.time() < deadline:
-        out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True,
-                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        for proc, log in zip(nodes, logs):
+            assert proc.poll() is None, f"`ray start` exited early:\n{log.read_text()[-2000:]}"
+        try:
+            out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True,
+                                 env={**os.environ, "RAY_AUTH_MODE": "disabled"}, timeout=60)
+        except subprocess.TimeoutExpired:
+            continue
         if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(n)]:
             return
         time.sleep(2)
@@ -63,10 +68,10 @@ def test_rl_job_runs_across_two_nodes(toy_checkpoint, tmp_path):
                        '--resources={"learner_node": 1}'], tmp_path / "head.log")
     worker = None
     try:
-        wait_for_nodes(f"127.0.0.1:{gcs_port}", 1)
+        wait_for_nodes(f"127.0.0.1:{gcs_port}", 1, [head], [tmp_path / "head.log"])
         worker = start_node([f"--address=127.0.0.1:{gcs_port}", "--num-cpus=2", '--resources={"rollout_node": 1}'],
                             tmp_path / "worker.log")
-        wait_for_nodes(f"127.0.0.1:{gcs_port}", 2)
+        wait_for_nodes(f"127.0.0.1:{gcs_port}", 2, [head, worker], [tmp_path / "head.log", tmp_path / "worker.log"])
         run = tmp_path / "run"
         cfg = make_config(toy_checkpoint, run, run={"total_steps": 2})
         from elr_rl.config import save_config

@@ -12,6 +12,6 @@ def ray_local():
     import ray
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
