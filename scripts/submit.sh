@@ -17,6 +17,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${ELR_PYTHON:-python}"
 RAY="${ELR_RAY:-ray}"
 cd "$ROOT"
+# The job starts in a copy of the uploaded working directory that it owns: Ray may
+# garbage-collect its unpacked working_dir while the long-running driver still sits in it.
 exec "$RAY" job submit --address "$RAY_ADDRESS" \
   --runtime-env-json '{"working_dir": ".", "excludes": [".venv", "runs", ".git", "*.safetensors"]}' \
-  -- "$PY" -m elr_rl.cli rl "$@" run.ray_address=auto
+  -- bash -c 'set -e; d=$(mktemp -d "${TMPDIR:-/tmp}/elr-rl-job.XXXXXX"); cp -r . "$d"; cd "$d"; py="$1"; shift; exec "$py" -m elr_rl.cli rl "$@" run.ray_address=auto' \
+  _ "$PY" "$@"

@@ -88,12 +88,13 @@ class Driver:
     def _new_worker(self, i: int, model_path: str):
         import ray
 
+        from elr_rl.rl.ray_env import actor_runtime_env
         from elr_rl.rl.rollout_worker import RolloutWorker
 
         c = self.cfg.rollout
         actor = ray.remote(num_cpus=c.num_cpus_per_worker, num_gpus=c.num_gpus_per_worker, max_restarts=0)(RolloutWorker)
         env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-        handle = actor.options(runtime_env={"env_vars": env}, resources=dict(c.resources) or None).remote(
+        handle = actor.options(runtime_env=actor_runtime_env(env), resources=dict(c.resources) or None).remote(
             i, model_path, c, self.cfg.run.seed, self.version)
         ray.get(handle.ping.remote())
         return handle

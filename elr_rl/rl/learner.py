@@ -149,6 +149,8 @@ class LearnerGroup:
     def __init__(self, cfg: RLConfig, resume_dir: str | None = None) -> None:
         import ray
 
+        from elr_rl.rl.ray_env import actor_runtime_env
+
         n = cfg.learner.world_size
         actor_cls = ray.remote(num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=cfg.learner.num_gpus_per_rank)(
             LearnerRank
@@ -156,7 +158,8 @@ class LearnerGroup:
         env = {"DS_ACCELERATOR": "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu",
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         self.ranks = [
-            actor_cls.options(runtime_env={"env_vars": env}, resources=dict(cfg.learner.resources) or None).remote(r, n, cfg)
+            actor_cls.options(runtime_env=actor_runtime_env(env), resources=dict(cfg.learner.resources) or None).remote(
+                r, n, cfg)
             for r in range(n)
         ]
         addr, port = ray.get(self.ranks[0].rendezvous_address.remote())
