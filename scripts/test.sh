@@ -10,4 +10,4 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 export TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
-exec "$ELR_VENV/bin/python" -m pytest --strict-markers -p no:cacheprovider "$@"
+exec "$ELR_VENV/bin/python" -m pytest --strict-markers -p no:cacheprovider --durations=20 "$@"
