@@ -16,7 +16,7 @@ def make_config(ckpt, run_dir, **sections) -> RLConfig:
     cfg.rollout.max_new_tokens = 24
     cfg.rollout.max_model_len = 128
     cfg.learner.engine.accelerator = "cpu"
-    cfg.learner.optim.lr = 7e-4
+    cfg.learner.optim.lr = 5e-4
     cfg.algo.groups_per_step = 8
     for section, values in sections.items():
         for key, value in values.items():

@@ -32,7 +32,8 @@ def accounted(summary) -> bool:
 
 def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, tmp_path):
     steps = 30
-    cfg = make_config(toy_checkpoint, tmp_path / "run", run={"total_steps": steps}, async_={"max_staleness": 1})
+    cfg = make_config(toy_checkpoint, tmp_path / "run", run={"total_steps": steps}, async_={"max_staleness": 1},
+                      algo={"groups_per_step": 16})
     summary = Driver(cfg).run()
     assert summary["step"] == steps and accounted(summary)
     r = rows(tmp_path / "run")
