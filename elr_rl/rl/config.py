@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from curriculum.routing import CurriculumConfig
+from elr_rl.metrics import MetricsConfig
 from elr_rl.train.config import EngineConfig, OptimConfig
 
 
@@ -202,6 +203,7 @@ class RLConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(batch_size=8))
     envs: EnvsConfig = field(default_factory=EnvsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def validate(self) -> None:
         if not (Path(self.model_path) / "config.json").is_file():

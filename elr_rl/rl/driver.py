@@ -68,7 +68,7 @@ class Driver:
         pool = build_pool(c.envs.names, c.envs.difficulties, range(c.envs.seed_offset, c.envs.seed_offset + c.envs.num_seeds))
         # The RL checkpoint carries the curriculum state: never pick up a newer state.json of a killed run.
         self.curriculum = start_curriculum_service(c.curriculum, pool, str(self.run_dir), resume=False)
-        self.metrics = MetricsWriter(self.run_dir)
+        self.metrics = MetricsWriter.from_config(self.run_dir, c.metrics)
         self.scorer = ScoringPool(c.envs.scoring_workers)
         self.learner = LearnerGroup(c, resume_dir=str(resume) if resume else None)
         weights_from = str(resume) if resume else c.model_path
