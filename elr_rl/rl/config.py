@@ -138,6 +138,11 @@ class LearnerConfig:
     def validate(self) -> None:
         if self.world_size < 1:
             _fail("learner.world_size", f"got {self.world_size}", "use 1 or more")
+        if self.engine.zero_stage == 3 and self.world_size > 1:
+            # Each rank trains its own loop counts' microbatches; ZeRO-3's per-layer parameter
+            # gathers then disagree between ranks and deadlock.
+            _fail("learner.engine.zero_stage", "ZeRO-3 with several learner ranks deadlocks when ranks run "
+                  "different loop counts", "use zero_stage 2 (or world_size 1)")
         self.engine.validate()
         self.optim.validate()
 

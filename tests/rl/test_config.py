@@ -1,0 +1,35 @@
+"""RL configs fail at start-up with a message naming the field."""
+
+import pytest
+
+from elr_rl.config import load_config
+from elr_rl.rl.config import RLConfig
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("learner.engine.zero_stage=3", "learner.engine.zero_stage"),
+    ("rollout.group_size=1", "rollout.group_size"),
+    ("algo.aggregation=group", "algo.aggregation"),
+    ("async_.mode=eventually", "async_.mode"),
+    ("curriculum.alpha=1.5", "curriculum.alpha"),
+])
+def test_bad_values_name_the_field(ckpt, override, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        load_config(RLConfig, None, [f"model_path={ckpt}", "learner.world_size=2", override])
+
+
+def test_missing_checkpoint_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="model_path"):
+        load_config(RLConfig, None, [f"model_path={tmp_path / 'nope'}"])
+
+
+def test_shipped_configs_load(ckpt):
+    for path in ("configs/rl_tiny.yaml", "configs/rl_dory4b.yaml"):
+        cfg = load_config(RLConfig, path, [f"model_path={ckpt}"])
+        assert cfg.learner.world_size >= 1
