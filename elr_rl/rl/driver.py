@@ -9,6 +9,9 @@
 In async mode generation never waits for the learner: workers keep sampling
 with the weights they hold while the learner trains, and a group older than
 `max_staleness` versions is dropped. Sync mode runs the same steps in order.
+New weights are staged on every worker without waiting for its running request
+(it loads them before its next one), and the parity spot-check is collected
+whenever it finishes, so neither side waits for the other.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ class Driver:
         self.window: list[Group] = []  # groups scored since the last metrics row
         self.routed: list[Any] = []  # assignments handed out since the last metrics row
         self.reports: list[dict[str, Any]] = []  # finished groups not yet reported to the curriculum
+        self.rollout_busy_s = 0.0  # summed over workers: seconds spent in generate calls
+        self.weight_loads: list[float] = []  # worker-side weight load seconds since the last metrics row
+        self.parity_pending: tuple[int, Any, Any] | None = None  # (version, learner ref, worker ref)
+        self.parity: list[float] = []  # finished parity checks since the last metrics row
 
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
@@ -89,10 +96,11 @@ class Driver:
         import ray
 
         from elr_rl.rl.ray_env import actor_runtime_env
-        from elr_rl.rl.rollout_worker import RolloutWorker
+        from elr_rl.rl.rollout_worker import MAX_CONCURRENCY, RolloutWorker
 
         c = self.cfg.rollout
-        actor = ray.remote(num_cpus=c.num_cpus_per_worker, num_gpus=c.num_gpus_per_worker, max_restarts=0)(RolloutWorker)
+        actor = ray.remote(num_cpus=c.num_cpus_per_worker, num_gpus=c.num_gpus_per_worker, max_restarts=0,
+                           max_concurrency=MAX_CONCURRENCY)(RolloutWorker)
         env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
         handle = actor.options(runtime_env=actor_runtime_env(env), resources=dict(c.resources) or None).remote(
             i, model_path, c, self.cfg.run.seed, self.version)
@@ -108,13 +116,14 @@ class Driver:
         stop_at = c.run.stop_after_steps or c.run.total_steps
         bar = _progress(c.run.progress, self.step, c.run.total_steps)
         learner_ref, learner_started, batch_info = None, 0.0, None
-        learner_busy = rollout_wait = 0.0
+        learner_busy = 0.0
         t_run = time.perf_counter()
         try:
             while self.step < stop_at:
                 self._schedule(learner_busy=learner_ref is not None)
                 self._collect_generations(timeout=0.05)
                 self._collect_scores()
+                self._collect_parity()
                 if self.reports:  # live pass-rate refresh, one call per batch of finished groups
                     self.curriculum.report.remote(self.reports)
                     self.reports = []
@@ -124,23 +133,24 @@ class Driver:
                     if batch is not None:
                         learner_ref, batch_info = self._train(batch)
                         learner_started = time.perf_counter()
-                    else:
-                        rollout_wait += 0.05
                     continue
                 done, _ = ray.wait(learner_ref, num_returns=len(learner_ref), timeout=0)
                 if len(done) < len(learner_ref):
                     continue
                 results = ray.get(learner_ref)
-                learner_busy += time.perf_counter() - learner_started
+                learner_step_s = time.perf_counter() - learner_started
+                learner_busy += learner_step_s
                 learner_ref = None
                 self.step += 1
                 self.version += 1
-                sync_s, parity = self._sync_weights(batch_info)
+                sync_s = self._sync_weights(batch_info)
                 wall = time.perf_counter() - t_run
+                rollout_busy = self.rollout_busy_s / (len(self.workers) * wall)
                 row = step_metrics(results, batch_info, self.version, self.window, self.ledger, self.worker_restarts,
-                                   sync_s, parity, learner_busy / wall, rollout_wait / wall, wall)
+                                   sync_s, self.parity, self.weight_loads, learner_busy / wall, rollout_busy, wall)
+                row["perf/learner_step_s"] = learner_step_s
                 row.update(_curriculum_metrics(self.routed))
-                self.routed = []
+                self.routed, self.parity, self.weight_loads = [], [], []
                 self.metrics.log(self.step, row)
                 self._log_samples(batch_info)
                 self.window = []
@@ -204,11 +214,14 @@ class Driver:
         for ref in ready:
             i, work = self.inflight.pop(ref)
             try:
-                groups = [Group.from_dict(g) for g in ray.get(ref)]
+                reply = ray.get(ref)
             except RayActorError as exc:
                 self._restart_worker(i, work, exc)
                 continue
-            for g in groups:
+            self.rollout_busy_s += reply["busy_s"]
+            if reply["weight_load_s"]:
+                self.weight_loads.append(reply["weight_load_s"])
+            for g in (Group.from_dict(d) for d in reply["groups"]):
                 self._score(g)
 
     def _restart_worker(self, i: int, work: list[dict[str, Any]], exc: Exception) -> None:
@@ -287,8 +300,12 @@ class Driver:
             self._depth_fn = spec.effective_depth
         return self._depth_fn
 
-    def _sync_weights(self, batch_info) -> tuple[float, float | None]:
-        """Broadcast the new weights (one object, fetched by every worker), then spot-check parity."""
+    def _sync_weights(self, batch_info) -> float:
+        """Send the new weights to every worker as one object; start a parity spot-check. Returns seconds.
+
+        Workers stage the weights without waiting for their running request, so the time is the
+        learner's serialisation plus the transfer; loading happens between requests (perf/weight_load_s).
+        """
         import ray
 
         t0 = time.perf_counter()
@@ -296,10 +313,11 @@ class Driver:
         ray.get(all_refs)
         self._push_weights(self.workers, self._weights_ref)
         seconds = time.perf_counter() - t0
-        return seconds, self._parity_check(batch_info)
+        self._start_parity_check(batch_info)
+        return seconds
 
     def _push_weights(self, workers, weights_ref) -> None:
-        """Every worker loads the weights; a worker that dies meanwhile is restarted (on these weights)."""
+        """Every worker stages the weights; a worker that dies meanwhile is restarted (on these weights)."""
         import ray
         from ray.exceptions import RayActorError
 
@@ -310,28 +328,41 @@ class Driver:
             except RayActorError as exc:
                 self._restart_worker(i, [], exc)
 
-    def _parity_check(self, batch_info) -> float | None:
-        """Max |logprob(worker) - logprob(learner)| over a few sequences of the last batch."""
+    def _start_parity_check(self, batch_info) -> None:
+        """Score a few sequences of the last batch on the learner and on worker 0 (collected later)."""
+        n = self.cfg.async_.parity_check_sequences
+        groups = batch_info["groups"] if batch_info else []
+        if not n or not groups or self.parity_pending is not None:
+            return
+        g = groups[0]
+        seqs = [s.prompt_ids + s.response_ids for s in g.samples[:n]]
+        # the learner scores before its next step, the worker after loading this version
+        self.parity_pending = (self.version, self.learner.logprobs_ref(seqs, g.k), self.workers[0].logprobs.remote(seqs, g.k))
+
+    def _collect_parity(self) -> None:
+        """Max |logprob(worker) - logprob(learner)|, when both sides have answered for the same version."""
         import ray
         from ray.exceptions import RayActorError
 
-        n = self.cfg.async_.parity_check_sequences
-        groups = batch_info["groups"] if batch_info else []
-        if not n or not groups:
-            return None
-        g = groups[0]
-        seqs = [s.prompt_ids + s.response_ids for s in g.samples[:n]]
-        ours = self.learner.logprobs(seqs, g.k)
+        if self.parity_pending is None:
+            return
+        version, ours_ref, theirs_ref = self.parity_pending
+        done, _ = ray.wait([ours_ref, theirs_ref], num_returns=2, timeout=0)
+        if len(done) < 2:
+            return
+        self.parity_pending = None
         try:
-            theirs = ray.get(self.workers[0].logprobs.remote(seqs, g.k))
-        except RayActorError as exc:  # the worker died: restart it, skip this check
-            self._restart_worker(0, [], exc)
-            return None
+            worker_version, theirs = ray.get(theirs_ref)
+        except RayActorError:  # the worker died; _collect_generations restarts it
+            return
+        if worker_version != version:  # newer weights arrived first: nothing comparable
+            return
+        ours = ray.get(ours_ref)
         diffs = [abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y[-len(x):])]
         worst = max(diffs) if diffs else 0.0
         if worst > 1e-2:
-            log.warning("trainer/rollout logprob mismatch after sync: max |diff| = %.3g", worst)
-        return worst
+            log.warning("trainer/rollout logprob mismatch after sync to version %d: max |diff| = %.3g", version, worst)
+        self.parity.append(worst)
 
     # ------------------------------------------------------------------ persistence
     def _checkpoint(self) -> None:

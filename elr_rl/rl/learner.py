@@ -119,6 +119,10 @@ class LearnerRank:
         state = self.engine.full_state_dict()
         return save(state) if self.rank == 0 else b""
 
+    def param_checksum(self) -> float:
+        """Sum of squares of this rank's full weights (data-parallel ranks must agree; all ranks call)."""
+        return float(sum(t.double().square().sum() for t in self.engine.full_state_dict().values()))
+
     def save(self, directory: str, client_state: dict) -> None:
         from elr_rl.model import build_tokenizer
 
@@ -185,7 +189,11 @@ class LearnerGroup:
     def logprobs(self, sequences: list[list[int]], k: int) -> list[list[float]]:
         import ray
 
-        return ray.get(self.ranks[0].logprobs.remote(sequences, k))
+        return ray.get(self.logprobs_ref(sequences, k))
+
+    def logprobs_ref(self, sequences: list[list[int]], k: int):
+        """Ref of rank 0's teacher-forced logprobs (computed before any later train_step)."""
+        return self.ranks[0].logprobs.remote(sequences, k)
 
     def node_ids(self) -> list[str]:
         import ray

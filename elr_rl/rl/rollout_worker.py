@@ -5,12 +5,18 @@ its engine's loop count per k (a live change, no restart), samples G
 completions per prompt, and tags every group with the policy version it holds.
 Multi-turn episodes run token-in/token-out: environment text is appended as
 tokens (masked out of the loss), never re-tokenised from decoded text.
+
+The actor is threaded (`MAX_CONCURRENCY` calls at once) so that new weights
+can arrive while a request is generating: `update_weights` only stages them,
+and the engine loads them between requests (at once when it is idle). The
+learner never waits for a worker's in-flight generation.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,8 @@ from typing import Any
 from elr_rl.model.tokenizer import EOS_ID, decode_bytes, encode_prompt
 from elr_rl.rl.config import RolloutConfig
 from elr_rl.rl.samples import Group, Sample
+
+MAX_CONCURRENCY = 3  # a generate call, a parity logprob call waiting for the engine, and a control call
 
 
 class RolloutWorker:
@@ -34,7 +42,10 @@ class RolloutWorker:
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         self.weights_path = shm / f"elr-rl-worker-{os.getpid()}-{worker_id}.safetensors"
         self.busy_s = 0.0
-        self.started = time.perf_counter()
+        self._engine_lock = threading.Lock()  # one engine call at a time
+        self._pending: tuple[bytes, int] | None = None  # staged weights and their policy version
+        self._pending_lock = threading.Lock()
+        self._load_s = 0.0  # seconds spent loading weights since the last generate reply
 
     # ------------------------------------------------------------------ control
     def ping(self) -> int:
@@ -53,39 +64,76 @@ class RolloutWorker:
             self.engine.set_k(k)
             self.k = k
 
-    def update_weights(self, weights: bytes, version: int) -> float:
-        """Load the learner's weights (safetensors bytes) in place; returns seconds spent."""
+    def update_weights(self, weights: bytes, version: int) -> bool:
+        """Stage the learner's weights (safetensors bytes) for the next request; load them now if idle.
+
+        Returns whether they were loaded at once. Newer weights replace older staged ones.
+        """
+        with self._pending_lock:
+            if self._pending is None or version >= self._pending[1]:
+                self._pending = (weights, version)
+        if not self._engine_lock.acquire(blocking=False):
+            return False  # a request is running: it is loaded before the next one
+        try:
+            self._load_pending()
+        finally:
+            self._engine_lock.release()
+        return True
+
+    def _load_pending(self) -> None:
+        """Load staged weights in place (caller holds the engine lock)."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        weights, version = pending
         t0 = time.perf_counter()
         self.weights_path.write_bytes(weights)
         self.engine.update_weights(str(self.weights_path))
         self.version = version
-        return time.perf_counter() - t0
+        self._load_s += time.perf_counter() - t0
 
-    def logprobs(self, sequences: list[list[int]], k: int) -> list[list[float]]:
-        """The engine's prompt logprobs of whole sequences (parity spot-checks against the learner)."""
-        self.set_k(k)
-        return self.engine.prompt_logprobs(sequences)
-
-    def idle_ratio(self) -> float:
-        wall = time.perf_counter() - self.started
-        return max(0.0, 1.0 - self.busy_s / wall) if wall > 0 else 0.0
+    def logprobs(self, sequences: list[list[int]], k: int) -> tuple[int, list[list[float]]]:
+        """The engine's prompt logprobs of whole sequences, with the policy version that scored them."""
+        with self._engine_lock:
+            self._load_pending()
+            self.set_k(k)
+            return self.version, self.engine.prompt_logprobs(sequences)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
-        self.weights_path.unlink(missing_ok=True)
+        got = self._engine_lock.acquire(timeout=30)  # let a running request finish first
+        try:
+            self.engine.shutdown()
+            self.weights_path.unlink(missing_ok=True)
+        finally:
+            if got:
+                self._engine_lock.release()
 
     # ---------------------------------------------------------------- generation
-    def generate(self, assignments: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One group of G samples per assignment (as dicts, so they travel without pickling classes)."""
+    def generate(self, assignments: list[dict[str, Any]]) -> dict[str, Any]:
+        """One group of G samples per assignment (as dicts, so they travel without pickling classes).
+
+        Returns {"groups", "busy_s", "weight_load_s"}: the groups, the seconds this call took and the
+        seconds spent loading weights since the previous reply.
+        """
+        with self._engine_lock:
+            t0 = time.perf_counter()
+            groups = self._generate(assignments)
+            busy = time.perf_counter() - t0
+            self.busy_s += busy
+            load_s, self._load_s = self._load_s, 0.0
+        return {"groups": [g.to_dict() for g in groups], "busy_s": busy, "weight_load_s": load_s}
+
+    def _generate(self, assignments: list[dict[str, Any]]) -> list[Group]:
         from environments.registry import get_env
 
-        t0 = time.perf_counter()
-        version = self.version
         groups: list[Group] = []
         by_k: dict[int, list[dict[str, Any]]] = {}
         for a in assignments:
             by_k.setdefault(int(a["k"]), []).append(a)
         for k, batch in sorted(by_k.items()):
+            self._load_pending()  # weights that arrived meanwhile: each group is tagged with what sampled it
+            version = self.version
             self.set_k(k)
             envs = [get_env(a["env"]) for a in batch]
             tasks = [env.generate(int(a["seed"]), int(a["difficulty"])) for env, a in zip(envs, batch)]
@@ -96,8 +144,7 @@ class RolloutWorker:
                 if env.multi_turn:
                     self._run_episodes(env, task, samples, completions)
                 groups.append(Group(dict(a), samples, version, self.worker_id))
-        self.busy_s += time.perf_counter() - t0
-        return [g.to_dict() for g in groups]
+        return groups
 
     def _sample(self, prompts: list[list[int]], n: int):
         """n completions per prompt (token ids, sampled-token logprobs, finish reason)."""

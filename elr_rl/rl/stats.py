@@ -30,8 +30,10 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
 
 
 def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: int, window: list[Group],
-                 ledger, restarts: int, sync_s: float, parity: float | None, learner_busy: float,
-                 rollout_wait: float, wall: float) -> dict[str, Any]:
+                 ledger, restarts: int, sync_s: float, parity: list[float], weight_loads: list[float],
+                 learner_busy: float, rollout_busy: float, wall: float) -> dict[str, Any]:
+    """One metrics row. `learner_busy`/`rollout_busy` are fractions of the run's wall time;
+    `parity` and `weight_loads` are the checks and worker loads finished since the last row."""
     mb = [s for r in results for s in r["microbatch_stats"] if s.get("tokens", 0) > 0]
     tokens = sum(s["tokens"] for s in mb)
 
@@ -51,10 +53,11 @@ def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: i
         "ratio_max_dev/update0": max((abs(s["ratio_mean"] - 1) for s in mb if s.get("update") == 0), default=None),
         "async/staleness_mean": _mean([float(x) for x in staleness]), "async/staleness_max": max(staleness),
         "async/policy_version": version, "async/dropped_stale_groups": ledger.get("dropped_stale", 0),
-        "perf/weight_sync_s": sync_s, "perf/learner_idle_ratio": max(0.0, 1.0 - learner_busy),
-        "perf/rollout_idle_ratio": rollout_wait, "perf/trained_tokens": tokens, "perf/wall_s": wall,
+        "perf/weight_sync_s": sync_s, "perf/weight_load_s": max(weight_loads) if weight_loads else None,
+        "perf/learner_idle_ratio": max(0.0, 1.0 - learner_busy),
+        "perf/rollout_idle_ratio": max(0.0, 1.0 - rollout_busy), "perf/trained_tokens": tokens, "perf/wall_s": wall,
         "faults/restarted_workers": restarts, "faults/requeued_prompts": ledger.get("requeued", 0),
-        "sync/parity_max_abs_diff": parity,
+        "sync/parity_max_abs_diff": max(parity) if parity else None,
     })
     gen_tokens = sum(s.num_model_tokens for g in window for s in g.samples)
     row["perf/tokens_per_s"] = gen_tokens / wall if wall else 0.0

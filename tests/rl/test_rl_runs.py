@@ -43,8 +43,11 @@ def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, 
     print(f"reward first 8 steps {first:.3f} -> last 8 steps {last:.3f}")
     assert last > first + 0.1, reward
     assert all(x["async/staleness_max"] <= 1 for x in r)  # nothing older than max_staleness was trained on
-    assert all(x["sync/parity_max_abs_diff"] < 1e-3 for x in r)  # workers serve what the learner holds
+    # workers serve what the learner holds: checks finish asynchronously, but most steps see one
+    parity = [x["sync/parity_max_abs_diff"] for x in r if "sync/parity_max_abs_diff" in x]
+    assert len(parity) >= steps // 2 and all(p < 1e-3 for p in parity), parity
     assert all(x["perf/weight_sync_s"] > 0 for x in r)
+    assert sum("perf/weight_load_s" in x for x in r) >= steps // 2  # workers loaded the staged weights
     for k in (1, 2, 3, 4):
         assert any(f"reward/k{k}" in x for x in r) and any(x.get(f"curriculum/prompts_k{k}") for x in r)
 
