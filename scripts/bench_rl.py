@@ -19,18 +19,21 @@ import time
 from pathlib import Path
 
 
-def run_mode(mode: str, ckpt: Path, out: Path, steps: int, workers: int) -> dict:
+def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int) -> dict:
+    """One RL run: `sync`, `async` (loop counts 1-4 from the curriculum) or `async_k1` (k = 1 only)."""
     from elr_rl.rl.config import RLConfig
     from elr_rl.rl.driver import Driver
 
     cfg = RLConfig(model_path=str(ckpt))
-    cfg.run.output_dir = str(out / mode)
+    mode = name.split("_")[0]
+    cfg.run.output_dir = str(out / name)
     cfg.run.total_steps = steps
     cfg.run.save_interval = 10**6
     cfg.run.progress = False
     cfg.envs.names = ["even_odd"]
     cfg.rollout.group_size = 8
     cfg.rollout.num_workers = workers
+    cfg.rollout.prompts_per_request = 8  # one batched generate per step and loop count
     cfg.rollout.max_new_tokens = 24
     cfg.rollout.max_model_len = 128
     cfg.learner.engine.accelerator = "cpu"
@@ -38,19 +41,21 @@ def run_mode(mode: str, ckpt: Path, out: Path, steps: int, workers: int) -> dict
     cfg.algo.groups_per_step = 8
     cfg.async_.mode = mode
     cfg.async_.max_staleness = 1
+    if name.endswith("_k1"):  # the plain-transformer depth, as TRL runs it
+        cfg.curriculum.loop_counts = [1]
     cfg.validate()
-    shutil.rmtree(out / mode, ignore_errors=True)
+    shutil.rmtree(out / name, ignore_errors=True)
     t0 = time.perf_counter()
     Driver(cfg).run()
     wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in open(out / mode / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(out / name / "metrics.jsonl")]
     # steady state: from the first step's end to the last step's end (excludes engine start-up)
     span = rows[-1]["perf/wall_s"] - rows[0]["perf/wall_s"]
     samples = sum(r["batch/trained_samples"] + 8 * r["batch/uninformative_groups"] for r in rows[1:])
     sync = [r["perf/weight_sync_s"] for r in rows]
     step_s = span / max(1, len(rows) - 1)
     learn_s = sum(r["perf/learner_step_s"] for r in rows[1:]) / max(1, len(rows) - 1)
-    return {"mode": mode, "samples_per_s": samples / span if span else 0.0, "step_s": step_s, "learner_step_s": learn_s,
+    return {"mode": name, "samples_per_s": samples / span if span else 0.0, "step_s": step_s, "learner_step_s": learn_s,
             "weight_sync_s": sum(sync) / len(sync), "sync_over_learner_step": (sum(sync) / len(sync)) / learn_s,
             "wall_s": wall}
 
@@ -72,7 +77,7 @@ def run_trl(steps: int, async_samples_per_s: float) -> dict:
         print(f"trl: setup failed ({e}); TRL keys left null (rerun scripts/setup_bench_trl.sh to see why)")
         return res
     cmd = [str(root / ".venv-bench-trl" / "bin" / "python"), str(root / "scripts" / "bench_trl.py"),
-           "--steps", str(steps)]
+           "--steps", str(steps), "--threads", str(os.cpu_count() or 1)]  # all cores, as our run uses
     try:
         proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600)
     except (OSError, subprocess.SubprocessError) as e:
@@ -118,18 +123,19 @@ def main() -> None:
         format_sft_checkpoint(ckpt)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        res = {m: run_mode(m, ckpt, out, args.steps, args.workers) for m in ("sync", "async")}
+        res = {m: run_mode(m, ckpt, out, args.steps, args.workers) for m in ("sync", "async", "async_k1")}
     finally:
         ray.shutdown()
-    trl = run_trl(args.steps, res["async"]["samples_per_s"]) if args.trl else {}
-    print(f"{'mode':>6} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'sync s':>8} {'sync/learn':>10}")
+    # TRL's model is a plain transformer of the k = 1 size: compare it with our run at k = 1
+    trl = run_trl(args.steps, res["async_k1"]["samples_per_s"]) if args.trl else {}
+    print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'sync s':>8} {'sync/learn':>10}")
     for r in res.values():
-        print(f"{r['mode']:>6} {r['samples_per_s']:>10.2f} {r['step_s']:>8.2f} {r['learner_step_s']:>8.2f} "
+        print(f"{r['mode']:>8} {r['samples_per_s']:>10.2f} {r['step_s']:>8.2f} {r['learner_step_s']:>8.2f} "
               f"{r['weight_sync_s']:>8.3f} {r['sync_over_learner_step']:>10.1%}")
     if trl.get("trl_samples_per_s"):
-        print(f"{'trl':>6} {trl['trl_samples_per_s']:>10.2f} {trl['trl_step_s']:>8.2f} {'-':>8} {'-':>8} {'-':>10}")
+        print(f"{'trl':>8} {trl['trl_samples_per_s']:>10.2f} {trl['trl_step_s']:>8.2f} {'-':>8} {'-':>8} {'-':>10}")
         print(f"trl: GRPOTrainer {trl['trl_version']}, random-init Llama of the k = 1 size, completion tokens mean "
-              f"{trl['trl_completion_tokens_mean']}; async/trl {trl['async_over_trl_samples_per_s']:.2f}x (goal >= 3x)")
+              f"{trl['trl_completion_tokens_mean']}; async_k1/trl {trl['async_over_trl_samples_per_s']:.2f}x (goal >= 3x)")
     ratio = res["async"]["samples_per_s"] / max(res["sync"]["samples_per_s"], 1e-9)
     # In sync mode a step is generate + learn + sync; overlapping them can at best hide the shorter part.
     sr = res["sync"]

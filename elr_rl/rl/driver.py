@@ -121,7 +121,7 @@ class Driver:
         try:
             while self.step < stop_at:
                 self._schedule(learner_busy=learner_ref is not None)
-                self._collect_generations(timeout=0.05)
+                self._collect_generations(timeout=0.05, learner_refs=learner_ref or [])
                 self._collect_scores()
                 self._collect_parity()
                 if self.reports:  # live pass-rate refresh, one call per batch of finished groups
@@ -191,26 +191,52 @@ class Driver:
                 pending_groups = len(self.buffer) + sum(len(a) for _, a in self.inflight.values()) + len(self.scoring)
                 if pending_groups >= need:
                     return
-            while len(self.queue) < c.rollout.prompts_per_request:
-                batch = ray.get(self.curriculum.next_batch.remote())
-                self.queue.extend(a.to_dict() for a in batch)
-                self.ledger["scheduled"] += len(batch)
-                self.metrics.log_routing(self.step, _routing(batch))
-                self.routed.extend(batch)
             n = c.rollout.prompts_per_request
             if c.async_.mode == "sync":
                 n = min(n, need - pending_groups)
-            work = [self.queue.popleft() for _ in range(n)]
+            work = self._next_request(n)
             self.inflight[worker.generate.remote(work)] = (i, work)
 
-    def _collect_generations(self, timeout: float) -> None:
+    def _next_request(self, n: int) -> list[dict[str, Any]]:
+        """Up to n queued assignments at one loop count, the oldest assignment's.
+
+        A worker then runs one k per call (one batched vLLM generate instead of one per k); the
+        queue holds enough curriculum batches for every k to fill a request.
+        """
+        import ray
+
+        while len(self.queue) < n * len(self.cfg.curriculum.loop_counts):
+            batch = ray.get(self.curriculum.next_batch.remote())
+            self.queue.extend(a.to_dict() for a in batch)
+            self.ledger["scheduled"] += len(batch)
+            self.metrics.log_routing(self.step, _routing(batch))
+            self.routed.extend(batch)
+        k = self.queue[0]["k"]
+        work: list[dict[str, Any]] = []
+        rest: deque[dict[str, Any]] = deque()
+        for a in self.queue:
+            (work if len(work) < n and a["k"] == k else rest).append(a)
+        self.queue = rest
+        return work
+
+    def _collect_generations(self, timeout: float, learner_refs=()) -> None:
+        """Take in finished generate calls; waits at most `timeout`, returning early when a
+        generation or the learner step finishes (or soon, while rewards are being scored)."""
         import ray
         from ray.exceptions import RayActorError
 
-        if not self.inflight:
+        if self.scoring:
+            timeout = min(timeout, 0.005)
+        waitables = list(self.inflight)
+        if learner_refs:
+            waitables += ray.wait(list(learner_refs), num_returns=len(learner_refs), timeout=0)[1]
+        if not waitables:
             time.sleep(timeout)
             return
-        ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=timeout)
+        ray.wait(waitables, num_returns=1, timeout=timeout)
+        if not self.inflight:
+            return
+        ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0)
         for ref in ready:
             i, work = self.inflight.pop(ref)
             try:
@@ -310,18 +336,18 @@ class Driver:
 
         t0 = time.perf_counter()
         self._weights_ref, all_refs = self.learner.weights()
-        ray.get(all_refs)
-        self._push_weights(self.workers, self._weights_ref)
+        self._push_weights(self.workers, self._weights_ref, wait_for=all_refs)  # workers fetch as soon as it exists
         seconds = time.perf_counter() - t0
         self._start_parity_check(batch_info)
         return seconds
 
-    def _push_weights(self, workers, weights_ref) -> None:
+    def _push_weights(self, workers, weights_ref, wait_for=()) -> None:
         """Every worker stages the weights; a worker that dies meanwhile is restarted (on these weights)."""
         import ray
         from ray.exceptions import RayActorError
 
         refs = [(self.workers.index(w), w.update_weights.remote(weights_ref, self.version)) for w in workers]
+        ray.get(list(wait_for))  # every learner rank took part (ZeRO-3 gathers need all of them)
         for i, ref in refs:
             try:
                 ray.get(ref)
