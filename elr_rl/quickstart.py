@@ -48,6 +48,8 @@ def main(argv: list[str]) -> int:
     stage(2, "SFT (loss on responses only)", [
         "sft", "configs/sft_tiny.yaml", f"model.init_from={pre}", f"run.output_dir={run}/sft",
         "data.generators=[env:even_odd,env:arith_multidigit]", "data.max_difficulty=1", "run.total_steps=150",
+        # SFT teaches the answer format; half the answers are wrong, so which answer is right is left to RL
+        "data.env_wrong_answer_fraction=0.5",
     ])
     sft = latest(run / "sft")
     stage(3, "pass-rate profiling at every k", [
@@ -60,6 +62,7 @@ def main(argv: list[str]) -> int:
         # RL where the SFT model has signal (arith_multidigit stays at pass@1 0 at this size: its groups
         # would all be uninformative); both environments are evaluated before and after.
         f"curriculum.profile_table={run}/rl/profile", "envs.names=[even_odd]", "envs.difficulties=[1]",
+        "run.total_steps=40",
     ])
     final = json.loads((run / "rl" / "summary.json").read_text())["final_checkpoint"]
     stage(6, "evaluation after RL", ["eval", str(final), "--envs", envs, "--json", str(run / "eval_after.json")])

@@ -166,6 +166,26 @@ class LoopedForCausalLM(nn.Module):
         logits = self(input_ids, k=k, **kw)[:, :-1]
         return logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
+    @torch.no_grad()
+    def decode_logprobs(self, prompt: list[int], completion: list[int], k: int | None = None,
+                        cache_mode: str | None = None) -> torch.Tensor:
+        """log p(completion[j] | ...) as the KV-cached decoder computes it: the prompt prefilled in one
+        step, then each completion token fed back, as `generate` does in `cache_mode`.
+
+        In per_loop mode this equals teacher forcing; in last_loop mode it is the sampler's own
+        distribution (what vLLM's last_loop rollouts report), which teacher forcing does not give.
+        Returns [len(completion)].
+        """
+        k = self._check_k(k)
+        device = self.lm_head.weight.device
+        cache = KVCache(cache_mode or self.spec.kv_cache_mode)
+        ids = torch.tensor([list(prompt) + list(completion)], device=device)
+        logits = [self._cached_step(ids[:, : len(prompt)], cache, k)[0, -1:]]
+        for t in range(len(prompt), ids.shape[1] - 1):
+            logits.append(self._cached_step(ids[:, t : t + 1], cache, k)[0])
+        logp = torch.cat(logits).float().log_softmax(-1)  # row j predicts completion[j]
+        return logp.gather(-1, torch.tensor(list(completion), device=device)[:, None])[:, 0]
+
     # ---------------------------------------------------------------- generation
     def _cached_step(self, chunk: torch.Tensor, cache: KVCache, k: int) -> torch.Tensor:
         T = chunk.shape[1]

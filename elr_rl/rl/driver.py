@@ -116,8 +116,8 @@ class Driver:
         stop_at = c.run.stop_after_steps or c.run.total_steps
         bar = _progress(c.run.progress, self.step, c.run.total_steps)
         learner_ref, learner_started, batch_info = None, 0.0, None
-        learner_busy = 0.0
-        t_run = time.perf_counter()
+        learner_busy = 0.0  # seconds since the last metrics row (as is rollout_busy_s)
+        t_run = t_row = time.perf_counter()
         try:
             while self.step < stop_at:
                 self._schedule(learner_busy=learner_ref is not None)
@@ -144,10 +144,14 @@ class Driver:
                 self.step += 1
                 self.version += 1
                 sync_s = self._sync_weights(batch_info)
-                wall = time.perf_counter() - t_run
-                rollout_busy = self.rollout_busy_s / (len(self.workers) * wall)
+                now = time.perf_counter()
+                wall, window = now - t_run, max(now - t_row, 1e-9)
+                # idle ratios over this step's window (start-up is not counted against either side)
+                rollout_busy = self.rollout_busy_s / (len(self.workers) * window)
                 row = step_metrics(results, batch_info, self.version, self.window, self.ledger, self.worker_restarts,
-                                   sync_s, self.parity, self.weight_loads, learner_busy / wall, rollout_busy, wall)
+                                   sync_s, self.parity, self.weight_loads, learner_busy / window, rollout_busy, wall,
+                                   window)
+                t_row, learner_busy, self.rollout_busy_s = now, 0.0, 0.0
                 row["perf/learner_step_s"] = learner_step_s
                 row.update(_curriculum_metrics(self.routed))
                 self.routed, self.parity, self.weight_loads = [], [], []

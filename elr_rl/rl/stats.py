@@ -31,8 +31,8 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
 
 def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: int, window: list[Group],
                  ledger, restarts: int, sync_s: float, parity: list[float], weight_loads: list[float],
-                 learner_busy: float, rollout_busy: float, wall: float) -> dict[str, Any]:
-    """One metrics row. `learner_busy`/`rollout_busy` are fractions of the run's wall time;
+                 learner_busy: float, rollout_busy: float, wall: float, window_s: float) -> dict[str, Any]:
+    """One metrics row. `learner_busy`/`rollout_busy` are fractions of the time since the last row;
     `parity` and `weight_loads` are the checks and worker loads finished since the last row."""
     mb = [s for r in results for s in r["microbatch_stats"] if s.get("tokens", 0) > 0]
     tokens = sum(s["tokens"] for s in mb)
@@ -60,6 +60,6 @@ def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: i
         "sync/parity_max_abs_diff": max(parity) if parity else None,
     })
     gen_tokens = sum(s.num_model_tokens for g in window for s in g.samples)
-    row["perf/tokens_per_s"] = gen_tokens / wall if wall else 0.0
+    row["perf/tokens_per_s"] = gen_tokens / window_s if window_s else 0.0  # generated since the last row
     row.update({k: v for k, v in info.items() if k.startswith("batch/")})
     return {k: v for k, v in row.items() if v is not None}

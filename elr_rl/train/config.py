@@ -212,6 +212,11 @@ class DataConfig:
     """Lowest difficulty drawn from generators/environments."""
     max_difficulty: int = 3
     """Highest difficulty drawn from generators/environments."""
+    env_wrong_answer_fraction: float = 0.0
+    """f in [0, 0.5]: fraction of `env:` documents answered with one of the environment's wrong answers.
+    Each task then comes twice in a row: its worked solution, then (with probability 2f) a wrong
+    answer. 0.5 shows every task right and wrong side by side, teaching the answer format but leaving
+    each prompt at a coin flip: an SFT start from which RL, not imitation, finds the right answers."""
     seed: int = 0
     """Seed of the document stream (held-out data uses a disjoint stream)."""
 
@@ -227,6 +232,9 @@ class DataConfig:
             _fail("data.file_weight", f"got {self.file_weight}", "use a probability in [0, 1]")
         if not 1 <= self.min_difficulty <= self.max_difficulty:
             _fail("data.min_difficulty", f"{self.min_difficulty}..{self.max_difficulty}", "use 1 <= min <= max")
+        if not 0.0 <= self.env_wrong_answer_fraction <= 0.5:
+            _fail("data.env_wrong_answer_fraction", f"got {self.env_wrong_answer_fraction}",
+                  "use a fraction in [0, 0.5] (every task is shown right, then wrong with probability 2f)")
 
 
 @dataclass

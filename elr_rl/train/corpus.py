@@ -104,7 +104,7 @@ class EnvironmentSource:
     """Worked solutions of a registered environment (`environments.registry`, entry-point group
     `elr_rl.environments`): the task's prompt, then the environment's worked response."""
 
-    def __init__(self, env_name: str, seed: int) -> None:
+    def __init__(self, env_name: str, seed: int, wrong_answer_fraction: float = 0.0) -> None:
         from environments.registry import get_env
 
         try:
@@ -114,13 +114,19 @@ class EnvironmentSource:
                 f"config field `data.generators`: {exc}; built-in generators: {sorted(GENERATORS)}"
             ) from None
         self.name, self.seed = f"env:{env_name}", seed
+        self.wrong_answer_fraction = wrong_answer_fraction
 
     def document(self, index: int, difficulty: int) -> Document:
         from environments.base import split_worked
 
         lo, hi = self.env.min_difficulty, self.env.max_difficulty
+        second = False
+        if self.wrong_answer_fraction:  # documents 2i and 2i + 1 share a task (MixedSource pairs them)
+            index, second = divmod(index, 2)
         task = self.env.generate(seed=self.seed * 1_000_003 + index, difficulty=min(max(difficulty, lo), hi))
         prompt, response = split_worked(task, self.env.worked_solution(task))
+        if second and random.Random(f"{self.seed}:{index}").random() < 2 * self.wrong_answer_fraction:
+            response = self.env.bad_answers(task)[0]  # well-formed, scores 0
         # The rollout format: tokenize_document puts <|sep|> between prompt and response, exactly as
         # elr_rl.model.encode_prompt does for rollouts, so no newline padding on either side.
         return Document(prompt.rstrip("\n"), response.strip("\n"))
@@ -172,13 +178,14 @@ class MixedSource:
     """
 
     def __init__(self, generators: list[DocumentSource], files: FileSource | None, file_weight: float,
-                 min_difficulty: int, max_difficulty: int, seed: int) -> None:
+                 min_difficulty: int, max_difficulty: int, seed: int, pair_documents: bool = False) -> None:
         self.generators, self.files = generators, files
+        self.pair_documents = pair_documents  # documents 2i, 2i + 1 from the same source and difficulty
         self.file_weight = file_weight if (files is not None and generators) else (1.0 if files else 0.0)
         self.lo, self.hi, self.seed = min_difficulty, max_difficulty, seed
 
     def document(self, index: int) -> Document:
-        rng = np.random.default_rng([self.seed, index, 7])
+        rng = np.random.default_rng([self.seed, index // 2 if self.pair_documents else index, 7])
         use_file = rng.random() < self.file_weight
         difficulty = int(rng.integers(self.lo, self.hi + 1))
         if use_file:
@@ -193,7 +200,7 @@ def build_source(data_cfg, stage: str, heldout: bool = False) -> MixedSource:
     gens: list[DocumentSource] = []
     for name in data_cfg.generators:
         if name.startswith("env:"):
-            gens.append(EnvironmentSource(name[4:], seed))
+            gens.append(EnvironmentSource(name[4:], seed, data_cfg.env_wrong_answer_fraction))
         elif name in GENERATORS:
             gens.append(GeneratorSource(name, seed))
         else:
@@ -205,4 +212,5 @@ def build_source(data_cfg, stage: str, heldout: bool = False) -> MixedSource:
     if data_cfg.files:
         files = FileSource(list(data_cfg.files), stage, data_cfg.text_field, data_cfg.prompt_field,
                            data_cfg.response_field, seed)
-    return MixedSource(gens, files, data_cfg.file_weight, data_cfg.min_difficulty, data_cfg.max_difficulty, seed)
+    return MixedSource(gens, files, data_cfg.file_weight, data_cfg.min_difficulty, data_cfg.max_difficulty, seed,
+                       pair_documents=data_cfg.env_wrong_answer_fraction > 0)

@@ -131,6 +131,22 @@ def test_last_loop_generation_matches_reference_and_differs_from_recompute(k):
         assert gap > 1e-3, "last_loop decoding must differ from the teacher-forced forward for k > 1"
 
 
+@pytest.mark.parametrize("mode", ["per_loop", "last_loop"])
+def test_decode_logprobs_scores_given_tokens_as_the_cached_sampler_does(mode):
+    """decode_logprobs on generate's own tokens gives generate's logprobs (both cache modes)."""
+    model = make(seed=3, n_recurrent_layers=2)
+    prompt = torch.randint(0, 256, (1, 5))
+    out, lps = model.generate(prompt, 9, k=3, cache_mode=mode, return_logprobs=True)
+    scored = model.decode_logprobs(prompt[0].tolist(), out[0, 5:].tolist(), k=3, cache_mode=mode)
+    assert torch.allclose(scored, lps[0], atol=1e-5)
+    teacher = model.token_logprobs(out, k=3)[0, 4:]
+    gap = (scored - teacher).abs().max().item()
+    if mode == "per_loop":
+        assert gap < 1e-5  # the per-loop cache reproduces teacher forcing
+    else:
+        assert gap > 1e-3  # last_loop at k = 3 is its own distribution
+
+
 def test_kv_bytes_per_token_flat_in_last_loop_and_k_fold_in_per_loop():
     model = make(n_input_layers=1, n_recurrent_layers=2, n_output_layers=1)
     prompt = torch.randint(0, 256, (1, 6))

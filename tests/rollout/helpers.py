@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from elr_rl.model import LoopedForCausalLM
-from elr_rl.model.cache import KVCache
 
 TOL = 1e-4  # max abs logprob difference allowed between vLLM and PyTorch (float32)
 
@@ -49,21 +48,10 @@ def teacher_forced(model: LoopedForCausalLM, tokens: list[int], k: int) -> torch
     return model.token_logprobs(torch.tensor([tokens]), k=k)[0]
 
 
-@torch.no_grad()
 def cached_decode(model: LoopedForCausalLM, prompt: list[int], completion: list[int], k: int, mode: str):
-    """Logprobs of `completion` when the PyTorch model decodes it token by token with its KV cache.
-
-    The prompt is prefilled in one step, then each completion token is fed back
-    (forced to vLLM's tokens): the same computation as `LoopedForCausalLM.generate`
-    in cache mode `mode`, scored on given tokens instead of its own samples.
-    """
-    cache = KVCache(mode)
-    ids = torch.tensor([prompt + completion])
-    logits = [model._cached_step(ids[:, : len(prompt)], cache, k)[0, -1:]]
-    for t in range(len(prompt), ids.shape[1] - 1):
-        logits.append(model._cached_step(ids[:, t : t + 1], cache, k)[0])
-    logp = torch.cat(logits).log_softmax(-1)  # row j predicts completion[j]
-    return logp.gather(-1, torch.tensor(completion)[:, None])[:, 0]  # [len(completion)]
+    """Logprobs of `completion` when the PyTorch model decodes it token by token with its KV cache
+    in cache mode `mode` (forced to vLLM's tokens)."""
+    return model.decode_logprobs(prompt, completion, k=k, cache_mode=mode)
 
 
 def max_diff(a, b) -> float:

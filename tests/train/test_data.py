@@ -149,3 +149,32 @@ def test_registered_environment_worked_solutions_feed_the_corpus():
     assert env_docs and all("<answer>" in d.response for d in env_docs)
     with pytest.raises(ValueError, match="data.generators"):
         build_source(DataConfig(generators=["env:no_such_env"]), "pretrain")
+
+
+
+def test_env_wrong_answer_fraction_mixes_in_well_formed_wrong_answers():
+    """SFT for format only: a share of the answers are the environment's wrong ones."""
+
+    def right_share(fraction: float) -> float:
+        cfg = DataConfig(generators=["env:even_odd"], min_difficulty=1, max_difficulty=1,
+                         env_wrong_answer_fraction=fraction)
+        src = build_source(cfg, "sft")
+        right = 0
+        for i in range(200):
+            doc = src.document(i)
+            n = int(doc.prompt.split()[1])  # "Is {n} even or odd? ..."
+            assert doc.response in ("<answer>even</answer>", "<answer>odd</answer>")  # the format is kept
+            right += doc.response == f"<answer>{'even' if n % 2 == 0 else 'odd'}</answer>"
+        return right / 200
+
+    assert right_share(0.0) == 1.0
+    assert right_share(0.5) == 0.5
+    assert 0.7 < right_share(0.2) < 0.9  # a fifth of all answers wrong
+    # side by side: documents 2i and 2i + 1 are the same task, right then wrong (with other generators mixed in)
+    src = build_source(DataConfig(generators=["env:even_odd", "addition"], min_difficulty=1, max_difficulty=1,
+                                  env_wrong_answer_fraction=0.5), "sft")
+    pairs = [(src.document(2 * i), src.document(2 * i + 1)) for i in range(20)]
+    env_pairs = [(a, b) for a, b in pairs if a.prompt.startswith("Is ")]
+    assert env_pairs and all(a.prompt == b.prompt and a.response != b.response for a, b in env_pairs)
+    with pytest.raises(ValueError, match="env_wrong_answer_fraction"):
+        DataConfig(generators=["env:even_odd"], env_wrong_answer_fraction=0.7).validate()
