@@ -20,7 +20,8 @@ TensorBoard). Keys the dashboard knows (any others are kept and ignored):
     response_length/mean, response_length/k{k}, response_length/env/{env}
     curriculum/prompts_k{k}       prompts routed to loop count k in this step's batch
     curriculum/mean_q_k{k}        mean pass-rate quantile q of those prompts
-    perf/tokens_per_s, perf/weight_sync_s, perf/rollout_idle_ratio, perf/learner_idle_ratio
+    perf/tokens_per_s, perf/weight_sync_s, perf/weight_load_s, perf/learner_step_s
+    perf/rollout_idle_ratio, perf/learner_idle_ratio   (fractions of the time since the last row)
     async/staleness_mean, async/staleness_max, faults/restarted_workers
     loss/policy, kl, entropy, clip_frac, lr, grad_norm
 

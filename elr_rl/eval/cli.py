@@ -16,6 +16,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("-n", "--num-tasks", type=int, default=32)
     p.add_argument("--seed-offset", type=int, default=100_000, help="first held-out seed")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--samples", type=int, default=0,
+                   help="also estimate sampled pass@1 from this many completions per task (0: greedy only)")
+    p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass@1")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     from elr_rl.eval.evaluate import EvalConfig, evaluate, format_table
@@ -26,7 +29,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], ks=[int(k) for k in args.k.split(",")],
                          difficulty=args.difficulty, num_tasks=args.num_tasks, seed_offset=args.seed_offset,
-                         max_new_tokens=args.max_new_tokens)
+                         max_new_tokens=args.max_new_tokens, samples=args.samples, temperature=args.temperature)
         rows = evaluate(args.checkpoint, cfg)
     except ValueError as exc:
         print(f"elr-rl eval: {exc}")

@@ -1,7 +1,9 @@
 """pass@1 and response tokens per environment and loop count, on held-out seeds, with vLLM.
 
 Greedy decoding (temperature 0) on seeds outside the training range; one engine
-serves every k (set live between batches).
+serves every k (set live between batches). With `samples` > 0, also the sampled pass@1:
+the mean success of `samples` completions per task at `temperature` (the expected
+success of one sample, which moves even when the greedy answer does not).
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ class EvalConfig:
     """Token budget per answer."""
     max_model_len: int = 512
     """Longest prompt + answer."""
+    samples: int = 0
+    """Sampled completions per task for the sampled pass@1 (0: greedy only)."""
+    temperature: float = 1.0
+    """Sampling temperature of the sampled pass@1."""
+    seed: int = 0
+    """Sampling seed of the engine."""
 
     def validate(self) -> None:
         if not self.envs:
@@ -38,10 +46,13 @@ class EvalConfig:
             raise ValueError(f"loop counts must be >= 1, got {self.ks}")
         if self.num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {self.num_tasks}")
+        if self.samples < 0 or (self.samples and self.temperature <= 0):
+            raise ValueError(f"samples must be >= 0 with a temperature > 0, got {self.samples} at {self.temperature}")
 
 
 def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[dict[str, Any]]:
-    """One row per (env, k): pass@1, mean reward, mean response tokens, tasks."""
+    """One row per (env, k): pass@1 (greedy), mean reward, mean response tokens, tasks, and with
+    cfg.samples the sampled pass@1 (`pass_at_1_sampled`)."""
     from elr_rl.model.tokenizer import EOS_ID, decode_bytes, encode_prompt
     from elr_rl.rollout.engine import EngineOptions, RolloutEngine
     from environments.pool import ScoringPool
@@ -49,7 +60,7 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
 
     cfg.validate()
     tasks = {e: [get_env(e).generate(cfg.seed_offset + i, cfg.difficulty) for i in range(cfg.num_tasks)] for e in cfg.envs}
-    engine = RolloutEngine(checkpoint, k=cfg.ks[0], cache_mode="per_loop",
+    engine = RolloutEngine(checkpoint, k=cfg.ks[0], cache_mode="per_loop", seed=cfg.seed,
                            options=EngineOptions(max_model_len=cfg.max_model_len, max_num_seqs=64))
     rows = []
     try:
@@ -63,12 +74,19 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
                     comps = [g.completions[0] for g in groups]
                     scores = pool.score_many([(env_name, t, decode_bytes(c.token_ids)) for t, c in zip(env_tasks, comps)])
                     n = len(scores)
-                    rows.append({
+                    row = {
                         "env": env_name, "k": k, "tasks": n,
                         "pass_at_1": sum(s.accuracy for s in scores) / n,
                         "reward": sum(s.reward for s in scores) / n,
                         "response_tokens": sum(len(c.token_ids) for c in comps) / n,
-                    })
+                    }
+                    if cfg.samples:
+                        groups = engine.generate(prompts, n=cfg.samples, max_tokens=cfg.max_new_tokens,
+                                                 temperature=cfg.temperature, stop_token_ids=[EOS_ID])
+                        sampled = pool.score_many([(env_name, t, decode_bytes(c.token_ids))
+                                                   for t, g in zip(env_tasks, groups) for c in g.completions])
+                        row["pass_at_1_sampled"] = sum(s.accuracy for s in sampled) / len(sampled)
+                    rows.append(row)
     finally:
         engine.shutdown()
     return rows
@@ -81,8 +99,15 @@ def format_table(rows: list[dict[str, Any]], title: str = "") -> str:
     width = max(len(e) for e in envs + ["environment"])
     lines = [title] if title else []
     lines.append(f"{'environment':<{width}} " + " ".join(f"{'k=' + str(k):>14}" for k in ks))
+    sampled = all("pass_at_1_sampled" in r for r in rows)
+    w = 22 if sampled else 14
+    lines[-1] = f"{'environment':<{width}} " + " ".join(f"{'k=' + str(k):>{w}}" for k in ks)
     for e in envs:
-        cells = [f"{at[e, k]['pass_at_1']:>6.3f} ({at[e, k]['response_tokens']:>4.1f}t)" for k in ks]
-        lines.append(f"{e:<{width}} " + " ".join(f"{c:>14}" for c in cells))
-    lines.append("cells: pass@1 (mean response tokens)")
+        cells = []
+        for k in ks:
+            r = at[e, k]
+            extra = f" / {r['pass_at_1_sampled']:.3f}" if sampled else ""
+            cells.append(f"{r['pass_at_1']:>6.3f}{extra} ({r['response_tokens']:>4.1f}t)")
+        lines.append(f"{e:<{width}} " + " ".join(f"{c:>{w}}" for c in cells))
+    lines.append("cells: greedy pass@1" + (" / sampled pass@1" if sampled else "") + " (mean response tokens)")
     return "\n".join(lines)

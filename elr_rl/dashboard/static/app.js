@@ -233,7 +233,8 @@
     setPanelState("health_summary", HEALTH_TILES.some(([key]) => latest(key) !== null));
     lineChart("staleness", named([["async/staleness_mean", "mean"], ["async/staleness_max", "max"]]), { yMin: 0, emptyText: want("async/staleness_mean") });
     lineChart("throughput", named([["perf/tokens_per_s", "tokens/s"]]), { yMin: 0, emptyText: want("perf/tokens_per_s") });
-    lineChart("weight_sync", named([["perf/weight_sync_s", "seconds"]]), { yMin: 0, emptyText: want("perf/weight_sync_s") });
+    lineChart("weight_sync", named([["perf/weight_sync_s", "learner to workers"], ["perf/weight_load_s", "worker load (between requests)"],
+      ["perf/learner_step_s", "learner step"]]), { yMin: 0, yLabel: "seconds", emptyText: want("perf/weight_sync_s") });
     lineChart("idle", named([["perf/rollout_idle_ratio", "rollout workers"], ["perf/learner_idle_ratio", "learner"]]),
       { yMin: 0, yMax: 1, emptyText: want("perf/rollout_idle_ratio, perf/learner_idle_ratio") });
     lineChart("restarts", named([["faults/restarted_workers", "restarted (cumulative)"]]), { yMin: 0, emptyText: want("faults/restarted_workers") });

@@ -1,0 +1,52 @@
+"""`elr-rl eval`: held-out pass@1 per environment and loop count, with a real vLLM engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from elr_rl.eval.cli import main as eval_main
+
+pytestmark = pytest.mark.slow
+
+
+def _pytorch_greedy_pass_at_1(ckpt, k: int, seeds: range) -> list[bool]:
+    """The same held-out tasks decoded greedily by the PyTorch model and scored by the environment."""
+    from elr_rl.model import EOS_ID, LoopedForCausalLM, decode_bytes, encode_prompt
+    from environments.registry import get_env
+
+    env = get_env("even_odd")
+    model = LoopedForCausalLM.from_pretrained(ckpt).eval()
+    right = []
+    for seed in seeds:
+        task = env.generate(seed, 1)
+        prompt = torch.tensor([encode_prompt(task.prompt)])
+        out = model.generate(prompt, 32, k=k, cache_mode="per_loop", eos_token_id=EOS_ID)[0, prompt.shape[1]:].tolist()
+        if EOS_ID in out:
+            out = out[: out.index(EOS_ID)]
+        right.append(bool(env.score(task, decode_bytes(out)).accuracy))
+    return right
+
+
+def test_eval_reports_pass_at_1_per_k_as_table_and_json(toy_checkpoint, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    rc = eval_main([str(toy_checkpoint), "--envs", "even_odd", "--k", "1,3", "-n", "16", "--max-new-tokens", "32",
+                    "--seed-offset", "5000", "--samples", "4", "--json", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "k=1" in printed and "k=3" in printed and "sampled pass@1" in printed
+    rows = json.loads(out.read_text())
+    assert [(r["env"], r["k"]) for r in rows] == [("even_odd", 1), ("even_odd", 3)]
+    for r in rows:
+        assert r["tasks"] == 16 and 0.0 <= r["pass_at_1"] <= 1.0 and 0.0 <= r["pass_at_1_sampled"] <= 1.0
+        assert 5 <= r["response_tokens"] <= 32  # "<answer>even</answer>" and its EOS, give or take
+        # greedy vLLM decoding agrees with the PyTorch model's greedy decoding on the same held-out seeds
+        expected = _pytorch_greedy_pass_at_1(toy_checkpoint, r["k"], range(5000, 5016))
+        assert abs(r["pass_at_1"] - sum(expected) / 16) <= 1 / 16 + 1e-9, (r, expected)
+
+
+def test_eval_rejects_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
+    assert eval_main([str(tmp_path)]) == 2
+    assert "not a checkpoint folder" in capsys.readouterr().out
