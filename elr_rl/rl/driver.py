@@ -143,7 +143,7 @@ class Driver:
                 learner_ref = None
                 self.step += 1
                 self.version += 1
-                sync_s = self._sync_weights(batch_info)
+                sync_s = self._sync_weights(results, batch_info)
                 now = time.perf_counter()
                 wall, window = now - t_run, max(now - t_row, 1e-9)
                 # idle ratios over this step's window (start-up is not counted against either side)
@@ -330,28 +330,27 @@ class Driver:
             self._depth_fn = spec.effective_depth
         return self._depth_fn
 
-    def _sync_weights(self, batch_info) -> float:
+    def _sync_weights(self, results: list[dict[str, Any]], batch_info) -> float:
         """Send the new weights to every worker as one object; start a parity spot-check. Returns seconds.
 
-        Workers stage the weights without waiting for their running request, so the time is the
-        learner's serialisation plus the transfer; loading happens between requests (perf/weight_load_s).
+        The learner put the weights into the object store at the end of its step (`weights_ref`);
+        the time is that serialisation plus the transfer to every worker. Workers stage the
+        weights without waiting for their running request and load them between requests
+        (perf/weight_load_s).
         """
-        import ray
-
         t0 = time.perf_counter()
-        self._weights_ref, all_refs = self.learner.weights()
-        self._push_weights(self.workers, self._weights_ref, wait_for=all_refs)  # workers fetch as soon as it exists
-        seconds = time.perf_counter() - t0
+        self._weights_ref = results[0]["weights_ref"][0]
+        self._push_weights(self.workers, self._weights_ref)
+        seconds = time.perf_counter() - t0 + max(r["weights_serialize_s"] for r in results)
         self._start_parity_check(batch_info)
         return seconds
 
-    def _push_weights(self, workers, weights_ref, wait_for=()) -> None:
+    def _push_weights(self, workers, weights_ref) -> None:
         """Every worker stages the weights; a worker that dies meanwhile is restarted (on these weights)."""
         import ray
         from ray.exceptions import RayActorError
 
         refs = [(self.workers.index(w), w.update_weights.remote(weights_ref, self.version)) for w in workers]
-        ray.get(list(wait_for))  # every learner rank took part (ZeRO-3 gathers need all of them)
         for i, ref in refs:
             try:
                 ray.get(ref)

@@ -7,9 +7,9 @@ trained at the k that produced it and all depths are averaged in the same step.
 
 from __future__ import annotations
 
-import io
 import os
 import socket
+import time
 from typing import Any
 
 import torch
@@ -110,6 +110,15 @@ class LearnerRank:
             for s in stats[start:]:
                 s["update"] = float(update)
         out["microbatch_stats"] = stats
+        # The new weights go into the object store at once (no extra call from the driver): rank 0
+        # returns a ref to them, and the seconds spent, which count as weight-sync time.
+        import ray
+
+        t0 = time.perf_counter()
+        weights = self.weights()
+        if self.rank == 0:
+            out["weights_ref"] = [ray.put(weights)]  # in a list: the caller gets the ref, not the bytes
+        out["weights_serialize_s"] = time.perf_counter() - t0
         return out
 
     def weights(self) -> bytes:
