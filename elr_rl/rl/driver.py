@@ -26,7 +26,7 @@ from typing import Any
 
 from elr_rl.rl.config import RLConfig
 from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
-from elr_rl.rl.samples import Group, RolloutBuffer, learner_batches, select_samples
+from elr_rl.rl.samples import Group, RolloutBuffer, learner_batches, select_samples, take_one_loop_count
 from elr_rl.rl.stats import step_metrics
 
 log = logging.getLogger("elr_rl.rl")
@@ -215,12 +215,8 @@ class Driver:
             self.ledger["scheduled"] += len(batch)
             self.metrics.log_routing(self.step, _routing(batch))
             self.routed.extend(batch)
-        k = self.queue[0]["k"]
-        work: list[dict[str, Any]] = []
-        rest: deque[dict[str, Any]] = deque()
-        for a in self.queue:
-            (work if len(work) < n and a["k"] == k else rest).append(a)
-        self.queue = rest
+        work, rest = take_one_loop_count(self.queue, n)
+        self.queue = deque(rest)
         return work
 
     def _collect_generations(self, timeout: float, learner_refs=()) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -192,3 +192,19 @@ def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable
     stats = {"batch/rank_cost_imbalance": cost_max / cost_mean if cost_mean else 1.0,
              "batch/normalizer": float(normalizer)}
     return LearnerBatch(mbs, [list(ks) for _ in range(world_size)], stats)
+
+
+def take_one_loop_count(queue: Sequence[dict[str, Any]], n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Up to n assignments at the loop count of the oldest one, in queue order, and the rest (in order).
+
+    A rollout request then runs one k (one batched generate); the oldest assignment always goes,
+    so no loop count waits behind the others for long.
+    """
+    if not queue:
+        return [], []
+    k = queue[0]["k"]
+    work: list[dict[str, Any]] = []
+    rest: list[dict[str, Any]] = []
+    for a in queue:
+        (work if len(work) < n and a["k"] == k else rest).append(a)
+    return work, rest
