@@ -50,6 +50,14 @@ class EvalConfig:
             raise ValueError(f"samples must be >= 0 with a temperature > 0, got {self.samples} at {self.temperature}")
 
 
+def held_out_tasks(cfg: EvalConfig) -> dict[str, list]:
+    """The held-out set: `num_tasks` tasks per environment at seeds `seed_offset`, `seed_offset + 1`, ...
+    (RL's validation during training uses the same set: elr_rl/rl/validation.py)."""
+    from environments.registry import get_env
+
+    return {e: [get_env(e).generate(cfg.seed_offset + i, cfg.difficulty) for i in range(cfg.num_tasks)] for e in cfg.envs}
+
+
 def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[dict[str, Any]]:
     """One row per (env, k): pass@1 (greedy), mean reward, mean response tokens, tasks, and with
     cfg.samples the sampled pass@1 (`pass_at_1_sampled`)."""
@@ -59,7 +67,7 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
     from environments.registry import get_env
 
     cfg.validate()
-    tasks = {e: [get_env(e).generate(cfg.seed_offset + i, cfg.difficulty) for i in range(cfg.num_tasks)] for e in cfg.envs}
+    tasks = held_out_tasks(cfg)
     engine = RolloutEngine(checkpoint, k=cfg.ks[0], cache_mode="per_loop", seed=cfg.seed,
                            options=EngineOptions(max_model_len=cfg.max_model_len, max_num_seqs=64))
     rows = []
