@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elr_rl.model.config import LoopSpec
-from elr_rl.model.loop import justnorm, modulate, slerp_step
+from elr_rl.model.loop import justnorm, modulate, scale_output, slerp_step
 
 
 class AttentionCore(Protocol):
@@ -155,7 +155,7 @@ class NgptMLP(MLP):
 
 
 class PrenormSublayer(nn.Module):
-    """h' = h + f(modulate(RMSNorm(h)))."""
+    """h' = h + (1 + omega(c)) * f(modulate(RMSNorm(h))) (conditioning off: h + f(RMSNorm(h)))."""
 
     def __init__(self, spec: LoopSpec, layer: int) -> None:
         super().__init__()
@@ -163,7 +163,7 @@ class PrenormSublayer(nn.Module):
         self.mixer = Attention(spec, layer) if spec.is_attention(layer) else MLP(spec)
 
     def forward(self, h, positions, core, loop_idx=0, mod=None):
-        return h + self.mixer(modulate(self.norm(h), mod), positions, core, loop_idx)
+        return h + scale_output(self.mixer(modulate(self.norm(h), mod), positions, core, loop_idx), mod)
 
 
 class NgptSublayer(nn.Module):
@@ -178,7 +178,7 @@ class NgptSublayer(nn.Module):
         self.alpha_scale = spec.ngpt_alpha_init / spec.init_std
 
     def forward(self, h, positions, core, loop_idx=0, mod=None):
-        out = self.mixer(modulate(h, mod), positions, core, loop_idx)
+        out = scale_output(self.mixer(modulate(h, mod), positions, core, loop_idx), mod)
         return slerp_step(h, out, getattr(self, self.alpha_name) * self.alpha_scale)
 
 

@@ -11,6 +11,7 @@ State between loops (per token, d channels), DESIGN.md section 1:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -120,39 +121,79 @@ def loop_features(x: float, n_freq: int, device=None) -> torch.Tensor:
     return torch.cat([freqs.sin(), freqs.cos()])
 
 
-class LoopConditioning(nn.Module):
-    """c_i = MLP([phi(i/k); phi(k/K)]) modulating each recurrent and output sublayer FiLM-style.
+LOW_RANK = 8  # rank r of the gated low-rank term A(g(c) * B x~), capped at d
 
-    Each conditioned sublayer j has a head giving (gamma_j, beta_j); the sublayer's
-    input x becomes x * (1 + gamma_j) + beta_j. Heads are zero-initialised, so
-    switching conditioning on leaves the function unchanged bit for bit.
+
+@dataclass
+class Modulation:
+    """One sublayer's loop-conditioned modulation (ELR eq. 4), for the loop being run.
+
+        x~ = (1 + lambda(c)) * x + mu(c)              FiLM on the sublayer's (normalised) input
+        x^ = x~ + A (g(c) * B x~)                      gated low-rank correction, rank r
+        y  = (1 + omega(c)) * f(x^)                    output scale on the sublayer's output
+    """
+
+    lam: torch.Tensor  # [d]
+    mu: torch.Tensor  # [d]
+    gate: torch.Tensor  # [r]
+    omega: torch.Tensor  # [d]
+    down: nn.Linear  # B: d -> r
+    up: nn.Linear  # A: r -> d
+
+    def apply_input(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * (1 + self.lam) + self.mu  # x~ = (1 + lambda(c)) x + mu(c)
+        return x + self.up(self.gate * self.down(x))  # x^ = x~ + A(g(c) * B x~)
+
+    def apply_output(self, y: torch.Tensor) -> torch.Tensor:
+        return y * (1 + self.omega)  # (1 + omega(c)) f(x^)
+
+
+class LoopConditioning(nn.Module):
+    """c_i = MLP([phi(i/k); phi(k/K)]) modulating each recurrent and output sublayer (ELR eq. 4).
+
+    Sublayer j has heads giving (lambda_j, mu_j) (`heads`), the low-rank gate g_j
+    (`gate_heads`) and the output scale omega_j (`scale_heads`), plus its own low-rank
+    pair B_j (`down`, d -> r) and A_j (`up`, r -> d). The heads are zero-initialised,
+    so switching conditioning on leaves the function unchanged bit for bit (g = 0
+    silences the low-rank term); A and B keep a random init so that g gets gradients.
     """
 
     def __init__(self, d: int, n_heads: int, max_loops: int, n_freq: int = 4, hidden: int = 64) -> None:
         super().__init__()
         self.n_freq, self.max_loops = n_freq, max_loops
+        r = min(LOW_RANK, d)
         self.trunk = nn.Sequential(nn.Linear(4 * n_freq, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU())
         self.heads = nn.ModuleList(nn.Linear(hidden, 2 * d) for _ in range(n_heads))
+        self.gate_heads = nn.ModuleList(nn.Linear(hidden, r) for _ in range(n_heads))
+        self.scale_heads = nn.ModuleList(nn.Linear(hidden, d) for _ in range(n_heads))
+        self.down = nn.ModuleList(nn.Linear(d, r, bias=False) for _ in range(n_heads))
+        self.up = nn.ModuleList(nn.Linear(r, d, bias=False) for _ in range(n_heads))
         self.reset_heads()
 
     def reset_heads(self) -> None:
-        for head in self.heads:
+        for head in (*self.heads, *self.gate_heads, *self.scale_heads):
             nn.init.zeros_(head.weight)
             nn.init.zeros_(head.bias)
 
-    def forward(self, i: int, k: int, head_ids: range) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def forward(self, i: int, k: int, head_ids: range) -> list[Modulation]:
         dev = self.heads[0].weight.device
         x = torch.cat([loop_features(i / k, self.n_freq, dev), loop_features(k / self.max_loops, self.n_freq, dev)])
         c = self.trunk(x.to(self.heads[0].weight.dtype))
-        return [tuple(self.heads[j](c).chunk(2)) for j in head_ids]  # type: ignore[misc]
+        mods = []
+        for j in head_ids:
+            lam, mu = self.heads[j](c).chunk(2)
+            mods.append(Modulation(lam, mu, self.gate_heads[j](c), self.scale_heads[j](c), self.down[j], self.up[j]))
+        return mods
 
 
-def modulate(x: torch.Tensor, mod: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """FiLM: x * (1 + gamma) + beta (identity when conditioning is off)."""
-    if mod is None:
-        return x
-    gamma, beta = mod
-    return x * (1 + gamma) + beta
+def modulate(x: torch.Tensor, mod: Modulation | None) -> torch.Tensor:
+    """A sublayer's input under eq. 4 (identity when conditioning is off)."""
+    return x if mod is None else mod.apply_input(x)
+
+
+def scale_output(y: torch.Tensor, mod: Modulation | None) -> torch.Tensor:
+    """A sublayer's output times (1 + omega(c)) (identity when conditioning is off)."""
+    return y if mod is None else mod.apply_output(y)
 
 
 # ---------------------------------------------------------------------------------------

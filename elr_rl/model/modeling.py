@@ -21,7 +21,7 @@ from elr_rl.model.config import DoryConfig, ElrConfig, LoopSpec, config_from_dic
 from elr_rl.model.layers import SUBLAYERS, AttentionCore, RMSNorm
 from elr_rl.model.loop import LoopConditioning, justnorm, make_update_rule, run_loops
 
-Mods = list  # per-sublayer FiLM (gamma, beta) or None
+Mods = list  # per-sublayer loop.Modulation (ELR eq. 4) or None
 
 
 class Backbone(nn.Module):

@@ -1,10 +1,18 @@
 """An independent, plainly written reference of the pre-norm looped model, read from a state dict.
 
 Used by the tests to check the model against the equations rather than against itself.
-Supports the update rules replace / residual / adaptive_delta, full attention, no gate.
+Supports the update rules replace / residual / adaptive_delta, full attention, no gate, and
+ELR eq. 4's loop conditioning, all written out from the equations:
+
+    c      = SiLU(W2 SiLU(W1 [phi(i/k); phi(k/K)] + b1) + b2),  phi(x) = [sin(2^j pi x); cos(2^j pi x)]
+    x~     = (1 + lambda_j(c)) * RMSNorm(h) + mu_j(c)
+    x^     = x~ + A_j (g_j(c) * B_j x~)
+    h'     = h + (1 + omega_j(c)) * f(x^)
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +42,22 @@ class Ref:
         self.hd = c.hidden_size // c.num_attention_heads
         self.n_in, self.n_rec, self.n_out = 2 * c.n_input_layers, 2 * c.n_recurrent_layers, 2 * c.n_output_layers
         self.rule, self.init = c.update_rule, c.initial_state
+        self.cond, self.K = c.loop_conditioning, c.max_loops
+
+    def conditioning(self, i, k, j):
+        """Sublayer j's (lambda, mu, g, omega, A, B) at loop i of k (j counts recurrent then output sublayers)."""
+        p = "backbone.loop_cond."
+        feats = []
+        for x in (i / k, k / self.K):
+            feats += [math.sin(2**f * math.pi * x) for f in range(4)] + [math.cos(2**f * math.pi * x) for f in range(4)]
+        c = torch.tensor(feats)
+        c = F.silu(c @ self.sd[p + "trunk.0.weight"].T + self.sd[p + "trunk.0.bias"])
+        c = F.silu(c @ self.sd[p + "trunk.2.weight"].T + self.sd[p + "trunk.2.bias"])
+        lin = lambda name: c @ self.sd[f"{p}{name}.{j}.weight"].T + self.sd[f"{p}{name}.{j}.bias"]  # noqa: E731
+        lam_mu = lin("heads")
+        d = lam_mu.shape[0] // 2
+        return (lam_mu[:d], lam_mu[d:], lin("gate_heads"), lin("scale_heads"),
+                self.sd[f"{p}up.{j}.weight"], self.sd[f"{p}down.{j}.weight"])
 
     def attn(self, i, x, pos, store, key):
         p = f"backbone.layers.{i}.mixer."
@@ -63,9 +87,15 @@ class Ref:
             p + "down_proj.weight"
         ].T
 
-    def sub(self, i, h, pos, store, key):
+    def sub(self, i, h, pos, store, key, loop=None, k=None):
         x = rms(h, self.sd[f"backbone.layers.{i}.norm.weight"])
-        return h + (self.attn(i, x, pos, store, key) if i % 2 == 0 else self.mlp(i, x))
+        if self.cond and i >= self.n_in:  # recurrent sublayers at loop `loop`, output ones at loop k
+            lam, mu, g, omega, A, B = self.conditioning(loop, k, i - self.n_in)
+            x = (1 + lam) * x + mu
+            x = x + (g * (x @ B.T)) @ A.T
+        else:
+            omega = torch.zeros(())
+        return h + (1 + omega) * (self.attn(i, x, pos, store, key) if i % 2 == 0 else self.mlp(i, x))
 
     def forward(self, ids, k, store=None, mode="per_loop", start=0):
         """Logits [T, V] of a chunk of token ids at positions start..; `store` holds K/V across calls."""
@@ -80,7 +110,7 @@ class Ref:
             x = s + h_in
             st = x
             for i in range(self.n_in, self.n_in + self.n_rec):
-                x = self.sub(i, x, pos, store, key(i, loop))
+                x = self.sub(i, x, pos, store, key(i, loop), loop + 1, k)
             if self.rule == "replace":
                 s = x
             elif self.rule == "residual":
@@ -91,7 +121,7 @@ class Ref:
                 s = s + b * (x - s)
         h = s
         for i in range(self.n_in + self.n_rec, self.n_in + self.n_rec + self.n_out):
-            h = self.sub(i, h, pos, store, key(i, 0))
+            h = self.sub(i, h, pos, store, key(i, 0), k, k)
         h = rms(h, self.sd["backbone.final_norm.weight"])
         return h @ self.sd["lm_head.weight"].T
 

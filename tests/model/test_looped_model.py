@@ -87,6 +87,30 @@ def test_loop_conditioning_at_zero_init_is_bit_identical():
     assert torch.equal(plain(ids, k=2), cond(ids, k=2))
 
 
+@pytest.mark.parametrize("rule", ["adaptive_delta", "residual"])
+def test_loop_conditioning_matches_reference_eq4_at_every_k(rule):
+    from tests.rollout.helpers import randomize_
+
+    model = randomize_(make(update_rule=rule, n_recurrent_layers=2, loop_conditioning=True), seed=5, scale=0.5)
+    ids = torch.randint(0, 256, (9,))
+    ref = Ref(model)
+    for k in range(1, 5):
+        assert torch.allclose(model(ids[None], k=k)[0], ref.forward(ids, k), atol=1e-4)
+
+
+@pytest.mark.parametrize("head", ["heads", "gate_heads", "scale_heads"])
+def test_each_eq4_term_is_wired_in_and_starts_at_zero(head):
+    plain = make(seed=3)
+    cond = LoopedForCausalLM(ElrConfig.tiny(loop_conditioning=True)).eval()
+    cond.load_state_dict(plain.state_dict(), strict=False)
+    ids = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():  # lambda/mu, the low-rank gate g, the output scale omega: each one alone
+        getattr(cond.backbone.loop_cond, head)[1].bias.fill_(0.5)
+    assert not torch.equal(plain(ids, k=2), cond(ids, k=2))
+    cond.reset_loop_conditioning_()
+    assert torch.equal(plain(ids, k=2), cond(ids, k=2))
+
+
 def test_delta_with_a_zero_keeps_the_input_state():
     model = make(update_rule="delta")
     with torch.no_grad():
