@@ -1,0 +1,60 @@
+"""The depth ladder's common shape: compact prompts, direct answers, difficulty = serial steps.
+
+Every ladder task needs D steps that each depend on the previous one (a hop, a
+dereference, a move, an operation), so a looped model can only answer it when its
+loops carry out the chain. Prompts are tens of bytes, the answer is one symbol
+between answer tags, and every task records the answer after each step
+(`Task.hidden["steps"]`, the last one being the answer), which the training
+stages can use as per-loop targets (`TrainConfig.loop_aux`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from environments.base import Environment, Score, Task, extract_answer
+
+TAG = "Answer in <answer></answer>."  # a short instruction keeps prompts compact
+
+
+class LadderEnvironment(Environment):
+    """A ladder task: `_generate` sets `answer` (one symbol) and `hidden["steps"]` (answer after each step)."""
+
+    domain = "ladder"
+    min_difficulty = 1
+    max_difficulty = 8
+    score_timeout_s = 2.0
+    alphabet: ClassVar[str]  # every symbol an answer can be (bad answers are drawn from it)
+
+    def make_task(self, seed: int, difficulty: int, prompt: str, steps: list[str], **stats: float) -> Task:
+        if len(steps) != difficulty:
+            raise AssertionError(f"{self.name}: {len(steps)} step targets for difficulty {difficulty}")
+        return Task(self.name, seed, difficulty, f"{prompt} {TAG}", steps[-1], hidden={"steps": list(steps)},
+                    stats={"serial_steps": float(difficulty), **stats})
+
+    def step_targets(self, task: Task) -> list[str]:
+        """The answer after each of the task's serial steps (the last one is the answer)."""
+        return list(task.hidden["steps"])
+
+    def steps_needed(self, task: Task) -> int:
+        """Serial steps the task needs (its difficulty)."""
+        return len(task.hidden["steps"])
+
+    def score(self, task: Task, completion: str) -> Score:
+        answer = extract_answer(completion)  # untrusted text: only the single answer span counts
+        if answer is None:
+            return Score.zero(format=0.0)
+        return Score.binary(answer == task.answer, format=1.0)
+
+    def reference_solution(self, task: Task) -> str:
+        return f"<answer>{task.answer}</answer>"
+
+    def step_solution(self, task: Task, step: int) -> str:
+        """The completion that answers with the state after `step` steps (1-based)."""
+        return f"<answer>{task.hidden['steps'][step - 1]}</answer>"
+
+    def bad_answers(self, task: Task) -> list[str]:
+        wrong = [s for s in self.alphabet if s != task.answer][:3]
+        # an intermediate state is a wrong answer too (the chain stopped early)
+        early = [s for s in task.hidden["steps"][:-1] if s != task.answer][:2]
+        return [f"<answer>{w}</answer>" for w in wrong + early]

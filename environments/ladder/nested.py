@@ -1,0 +1,30 @@
+"""ladder_nested: a nested expression of one-digit numbers, evaluated mod 10 from the inside out.
+
+    "(((3+4)*2)-5)%10? Answer in <answer></answer>."  ->  <answer>9</answer>
+
+D operations nest D levels deep; step s is the innermost s levels' value mod 10.
+"""
+
+from __future__ import annotations
+
+import random
+
+from environments.base import Task
+from environments.ladder.base import LadderEnvironment
+
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+class LadderNested(LadderEnvironment):
+    name = "ladder_nested"
+    alphabet = "0123456789"
+
+    def _generate(self, rng: random.Random, seed: int, difficulty: int) -> Task:
+        value = rng.randrange(10)
+        expr, steps = str(value), []
+        for _ in range(difficulty):
+            op, b = rng.choice("+-*"), rng.randrange(1, 10)
+            expr = f"({expr}{op}{b})"
+            value = OPS[op](value, b) % 10
+            steps.append(str(value))
+        return self.make_task(seed, difficulty, f"{expr}%10?", steps)
