@@ -8,22 +8,61 @@ watches it (the dashboard, TensorBoard, a user with `jq`). Its layout:
       metrics.jsonl               one JSON object per logged step (below)
       curriculum/routing.jsonl    one JSON object per step: what the loop curriculum routed where
       profile/*.parquet           pass-rate tables (one row per prompt and loop count)
+      rollouts.jsonl              sample completions (prompt, completion, reward, k, env, policy version)
       tensorboard/                TensorBoard event files (same keys as metrics.jsonl)
 
 metrics.jsonl: `{"step": int, "time": unix seconds, KEY: value, ...}` with flat
-keys named as in the field's usual tools. A value is a number, `null` (a
-non-finite number), or a list of numbers (raw samples, a histogram in
-TensorBoard). Keys the dashboard knows (any others are kept and ignored):
+keys. A value is a number, `null` (a non-finite number), or a list of numbers
+(raw samples, a histogram in TensorBoard). The same names go to TensorBoard and
+W&B. Any other keys are kept and ignored by the dashboard.
 
-    reward/mean, reward/k{k}, reward/env/{env}
-    pass_rate/mean, pass_rate/k{k}, pass_rate/env/{env}
-    response_length/mean, response_length/k{k}, response_length/env/{env}
-    curriculum/prompts_k{k}       prompts routed to loop count k in this step's batch
-    curriculum/mean_q_k{k}        mean pass-rate quantile q of those prompts
-    perf/tokens_per_s, perf/weight_sync_s, perf/weight_load_s, perf/learner_step_s
+The naming scheme follows verl's (`critic/score/mean`, `actor/pg_clipfrac`,
+`response_length/clip_ratio`, `timing_s/gen`) and TRL's where verl has no name
+(`frac_reward_zero_std`): a section prefix, then the quantity, then the slice
+(`k{k}` a loop count, `env/{env}` an environment). Every duration is under
+`timing_s/` (seconds); a share of something is a `_frac` or `_ratio` in [0, 1].
+
+RL (`elr-rl rl`), one row per learner step:
+
+    critic/score/{mean,k{k},env/{env}}           mean reward of the samples scored since the last row
+    critic/pass_rate/{mean,k{k},env/{env}}       fraction of those samples answered correctly
+    critic/pass_rate/env/{env}/k{k}              the same per (environment, loop count)
+    response_length/{mean,k{k},env/{env}}        mean model tokens per sample
+    response_length/clip_ratio                   fraction of samples cut at max_new_tokens
+    actor/pg_loss, actor/pg_clipfrac, actor/entropy, actor/ppo_kl, actor/grad_norm, actor/lr
+    actor/ratio_mean, actor/is_weight_mean (and /update0: the first update of the step)
+    batch/frac_reward_zero_std                   fraction of the step's groups with one reward for all samples
+    batch/trained_samples, batch/uninformative_groups, batch/overlong_samples   counts of this step
+    async/staleness_mean, async/staleness_max, async/policy_version
+    async/dropped_stale_groups (cumulative), async/dropped_stale_frac (this step's share of the groups)
+    timing_s/step, timing_s/update_actor, timing_s/weight_sync, timing_s/weight_load, timing_s/elapsed
+    perf/weight_sync_frac                        timing_s/weight_sync / timing_s/step
+    perf/gen_tokens_per_s, perf/trained_tokens_per_s, perf/trained_tokens
     perf/rollout_idle_ratio, perf/learner_idle_ratio   (fractions of the time since the last row)
-    async/staleness_mean, async/staleness_max, faults/restarted_workers
-    loss/policy, kl, entropy, clip_frac, lr, grad_norm
+    faults/restarted_workers, faults/requeued_prompts, sync/parity_max_abs_diff
+    curriculum/prompts_k{k}                      prompts routed to loop count k since the last row
+    curriculum/mean_q_k{k}                       mean pass-rate quantile q of those prompts
+    val/pass_at_1/k{k}, val/pass_at_1/{env}/k{k}, val/response_length/k{k}
+                                                 greedy pass@1 on the held-out set (every eval_interval steps)
+
+Pretraining and SFT (`elr-rl train`): `loss/mean`, `loss/k{k}` (training loss
+at loop count k), `eval/loss_k{k}` (held-out loss), `lr`, `grad_norm`,
+`perf/tokens`, `perf/tokens_per_s`, `perf/step_time_s`.
+
+Older RL runs used other names; `LEGACY_NAMES` maps them (old -> new) and
+`canonical_key` applies it, so the dashboard reads both:
+
+    reward/...            -> critic/score/...       pass_rate/...  -> critic/pass_rate/...
+    loss/policy           -> actor/pg_loss          clip_frac      -> actor/pg_clipfrac
+    entropy, kl           -> actor/entropy, actor/ppo_kl           grad_norm, lr -> actor/...
+    perf/weight_sync_s    -> timing_s/weight_sync   perf/weight_load_s -> timing_s/weight_load
+    perf/learner_step_s   -> timing_s/update_actor  perf/wall_s    -> timing_s/elapsed
+    perf/tokens_per_s     -> perf/gen_tokens_per_s  (only in rows of old RL runs, which have loss/policy:
+                                                     there it counted generated tokens)
+
+rollouts.jsonl: one JSON object per logged sample: `step`, `time`, `env`,
+`prompt_id`, `k`, `policy_version`, `reward`, `accuracy`, `finish_reason`,
+`prompt`, `completion` (older runs: `text` for the completion).
 
 A step may be logged again after a resume from a checkpoint; readers treat a
 step that is not larger than the previous one as a rewind (later rows win).
@@ -46,6 +85,7 @@ whole lines plus at most one partial trailing line, which it must skip
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -60,7 +100,41 @@ ROUTING_FILE = "curriculum/routing.jsonl"
 PROFILE_DIR = "profile"
 CONFIG_FILE = "config.yaml"
 TENSORBOARD_DIR = "tensorboard"
+SAMPLES_FILE = "rollouts.jsonl"
 RESERVED_KEYS = ("step", "time")
+
+LEGACY_NAMES = {
+    "loss/policy": "actor/pg_loss", "clip_frac": "actor/pg_clipfrac", "entropy": "actor/entropy",
+    "kl": "actor/ppo_kl", "grad_norm": "actor/grad_norm", "lr": "actor/lr",
+    "is_weight_mean": "actor/is_weight_mean", "ratio_mean": "actor/ratio_mean",
+    "is_weight_mean/update0": "actor/is_weight_mean/update0", "ratio_mean/update0": "actor/ratio_mean/update0",
+    "ratio_max_dev/update0": "actor/ratio_max_dev/update0",
+    "perf/weight_sync_s": "timing_s/weight_sync", "perf/weight_load_s": "timing_s/weight_load",
+    "perf/learner_step_s": "timing_s/update_actor", "perf/wall_s": "timing_s/elapsed",
+}
+"""Old RL metric name -> the current one (exact names; prefixes in `LEGACY_PREFIXES`)."""
+LEGACY_PREFIXES = {"reward/": "critic/score/", "pass_rate/": "critic/pass_rate/"}
+"""Old RL metric prefix -> the current one (`reward/k4` -> `critic/score/k4`)."""
+
+
+def canonical_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A metrics row with old RL names replaced by the current scheme (rows of current runs are unchanged).
+
+    Only rows of RL runs are renamed (the training stages keep `lr`, `grad_norm`,
+    `perf/tokens_per_s`); an old RL row is recognised by its `loss/policy`.
+    """
+    if "loss/mean" in row or not any(k in row for k in ("loss/policy", "reward/mean", "perf/wall_s")):
+        return dict(row)
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        new = LEGACY_NAMES.get(key)
+        if new is None:
+            prefix = next((p for p in LEGACY_PREFIXES if key.startswith(p)), None)
+            new = LEGACY_PREFIXES[prefix] + key[len(prefix):] if prefix else key
+        if key == "perf/tokens_per_s":  # old RL rows counted generated tokens
+            new = "perf/gen_tokens_per_s"
+        out.setdefault(new, value)
+    return out
 
 
 @dataclass
@@ -191,6 +265,27 @@ def _now(wall_time: float | None) -> float:
     return time.time() if wall_time is None else float(wall_time)
 
 
+SAMPLE_COLUMNS = ("env", "prompt_id", "k", "policy_version", "reward", "accuracy", "finish_reason",
+                  "prompt", "completion")
+"""Fields of one rollouts.jsonl record besides step and time (the W&B samples table's columns)."""
+MAX_WANDB_SAMPLE_ROWS = 2000
+"""Rows kept in the W&B samples table (the newest)."""
+
+
+def wandb_init_kwargs(wandb: Mapping[str, Any], config: Any = None) -> dict[str, Any]:
+    """`wandb.init` arguments: the configured ones plus the run's config as a plain dict (`config=`).
+
+    `config` may be a dataclass (the typed run config), a mapping or None; an explicit
+    `config` in the W&B settings wins.
+    """
+    kwargs = dict(wandb)
+    if config is not None and "config" not in kwargs:
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            config = dataclasses.asdict(config)
+        kwargs["config"] = to_json_value(dict(config))
+    return kwargs
+
+
 class MetricsWriter:
     """Writes a run's metrics to RUN_DIR/metrics.jsonl, TensorBoard and (when configured) W&B.
 
@@ -198,13 +293,17 @@ class MetricsWriter:
     imported only then, so it is not a dependency of the project.
     """
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True, wandb: Mapping[str, Any] | None = None):
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, wandb: Mapping[str, Any] | None = None,
+                 config: Any = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / METRICS_FILE
         self.routing_path = self.run_dir / ROUTING_FILE
+        self.samples_path = self.run_dir / SAMPLES_FILE
         self._tb = None
         self._wandb_run = None
+        self._wandb_module = None
+        self._sample_rows: list[list[Any]] = []
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # torch is heavy: import only when asked
 
@@ -217,11 +316,13 @@ class MetricsWriter:
                     "Weights & Biases logging is configured but `wandb` is not installed: "
                     "`pip install wandb`, or unset wandb_project"
                 ) from None
-            self._wandb_run = wandb_module.init(dir=str(self.run_dir), **dict(wandb))
+            self._wandb_module = wandb_module
+            self._wandb_run = wandb_module.init(dir=str(self.run_dir), **wandb_init_kwargs(wandb, config))
 
     @classmethod
-    def from_config(cls, run_dir: str | Path, cfg: MetricsConfig) -> MetricsWriter:
-        return cls(run_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb_kwargs())
+    def from_config(cls, run_dir: str | Path, cfg: MetricsConfig, run_config: Any = None) -> MetricsWriter:
+        """A writer as `cfg` says; `run_config` (the run's whole config) goes to W&B as the run's config."""
+        return cls(run_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb_kwargs(), config=run_config)
 
     def log(self, step: int, metrics: Mapping[str, Any], wall_time: float | None = None) -> None:
         """Record one step's metrics: numbers become scalars, lists of numbers become histograms.
@@ -250,6 +351,23 @@ class MetricsWriter:
             for k, fields in record.items():
                 for name, values in fields.items():
                     self._tb_add(f"curriculum/{name}_k{k}", values, step, wall_time)
+
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]], wall_time: float | None = None) -> None:
+        """Append sample completions to rollouts.jsonl and, with W&B, log them as the `samples` table.
+
+        Each sample is a mapping with the `SAMPLE_COLUMNS` (missing ones are null). W&B
+        tables cannot grow in place, so the table logged holds every sample so far (the
+        last `MAX_WANDB_SAMPLE_ROWS`), as verl does with its generation tables.
+        """
+        now = _now(wall_time)
+        for sample in samples:
+            append_jsonl(self.samples_path, {"step": int(step), "time": now,
+                                             **{c: sample.get(c) for c in SAMPLE_COLUMNS}})
+        if self._wandb_run is not None and samples:
+            self._sample_rows += [[int(step)] + [to_json_value(s.get(c)) for c in SAMPLE_COLUMNS] for s in samples]
+            self._sample_rows = self._sample_rows[-MAX_WANDB_SAMPLE_ROWS:]
+            table = self._wandb_module.Table(columns=["step", *SAMPLE_COLUMNS], data=list(self._sample_rows))
+            self._wandb_run.log({"samples": table}, step=int(step))
 
     def _tb_add(self, key: str, value: Any, step: int, wall_time: float | None) -> None:
         if isinstance(value, bool) or value is None or isinstance(value, str):

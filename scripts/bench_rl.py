@@ -50,11 +50,11 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int) -> dict
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in open(out / name / "metrics.jsonl")]
     # steady state: from the first step's end to the last step's end (excludes engine start-up)
-    span = rows[-1]["perf/wall_s"] - rows[0]["perf/wall_s"]
+    span = rows[-1]["timing_s/elapsed"] - rows[0]["timing_s/elapsed"]
     samples = sum(r["batch/trained_samples"] + 8 * r["batch/uninformative_groups"] for r in rows[1:])
-    sync = [r["perf/weight_sync_s"] for r in rows]
+    sync = [r["timing_s/weight_sync"] for r in rows]
     step_s = span / max(1, len(rows) - 1)
-    learn_s = sum(r["perf/learner_step_s"] for r in rows[1:]) / max(1, len(rows) - 1)
+    learn_s = sum(r["timing_s/update_actor"] for r in rows[1:]) / max(1, len(rows) - 1)
     return {"mode": name, "samples_per_s": samples / span if span else 0.0, "step_s": step_s, "learner_step_s": learn_s,
             "weight_sync_s": sum(sync) / len(sync), "sync_over_learner_step": (sum(sync) / len(sync)) / learn_s,
             "wall_s": wall}

@@ -191,6 +191,16 @@ class RunConfig:
     """CPUs a locally started Ray may use (None: all)."""
     sample_log_interval: int = 5
     """Write a few decoded rollouts to rollouts.jsonl every this many steps (0: never)."""
+    eval_interval: int = 0
+    """Held-out validation every this many steps (0: never): greedy pass@1 at each loop count on the
+    held-out set of `elr-rl eval`, written to metrics.jsonl as val/pass_at_1/k{k}. Runs on rollout worker 0
+    and blocks the driver while it runs (num_tasks x environments x loop counts greedy completions)."""
+    eval_num_tasks: int = 16
+    """Held-out tasks per environment for the validation."""
+    eval_seed_offset: int = 100_000
+    """First seed of the held-out tasks; must lie outside the training seeds (envs.seed_offset + num_seeds)."""
+    eval_difficulty: Optional[int] = None
+    """Difficulty of the held-out tasks (None: the first of envs.difficulties)."""
     progress: bool = True
     """Show a tqdm progress bar."""
 
@@ -216,4 +226,12 @@ class RLConfig:
                   "point it at a pretrain/SFT output (e.g. runs/quickstart/sft/final)")
         for part in (self.rollout, self.algo, self.async_, self.learner, self.envs):
             part.validate()
+        r, e = self.run, self.envs
+        if r.eval_interval < 0 or r.eval_num_tasks < 1:
+            _fail("run.eval_interval", f"got eval_interval={r.eval_interval}, eval_num_tasks={r.eval_num_tasks}",
+                  "use eval_interval >= 0 (0: no validation) and eval_num_tasks >= 1")
+        held_out = range(r.eval_seed_offset, r.eval_seed_offset + r.eval_num_tasks)
+        if r.eval_interval and held_out.start < e.seed_offset + e.num_seeds and held_out.stop > e.seed_offset:
+            _fail("run.eval_seed_offset", f"held-out seeds [{held_out.start}, {held_out.stop}) overlap the training seeds "
+                  f"[{e.seed_offset}, {e.seed_offset + e.num_seeds})", "move it past the training seeds")
         self.curriculum.validate()

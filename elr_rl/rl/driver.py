@@ -75,7 +75,7 @@ class Driver:
         pool = build_pool(c.envs.names, c.envs.difficulties, range(c.envs.seed_offset, c.envs.seed_offset + c.envs.num_seeds))
         # The RL checkpoint carries the curriculum state: never pick up a newer state.json of a killed run.
         self.curriculum = start_curriculum_service(c.curriculum, pool, str(self.run_dir), resume=False)
-        self.metrics = MetricsWriter.from_config(self.run_dir, c.metrics)
+        self.metrics = MetricsWriter.from_config(self.run_dir, c.metrics, run_config=c)
         self.scorer = ScoringPool(c.envs.scoring_workers)
         self.learner = LearnerGroup(c, resume_dir=str(resume) if resume else None)
         weights_from = str(resume) if resume else c.model_path
@@ -152,14 +152,16 @@ class Driver:
                                    sync_s, self.parity, self.weight_loads, learner_busy / window, rollout_busy, wall,
                                    window)
                 t_row, learner_busy, self.rollout_busy_s = now, 0.0, 0.0
-                row["perf/learner_step_s"] = learner_step_s
+                row["timing_s/update_actor"] = learner_step_s
+                if c.run.eval_interval and (self.step % c.run.eval_interval == 0 or self.step >= stop_at):
+                    row.update(self._validate())
                 row.update(_curriculum_metrics(self.routed))
                 self.routed, self.parity, self.weight_loads = [], [], []
                 self.metrics.log(self.step, row)
                 self._log_samples(batch_info)
                 self.window = []
                 bar.update(1)
-                bar.set_postfix(reward=f"{row.get('reward/mean', 0):.2f}", stale=self.ledger["dropped_stale"])
+                bar.set_postfix(reward=f"{row.get('critic/score/mean', 0):.2f}", stale=self.ledger["dropped_stale"])
                 if self.step % c.run.save_interval == 0 or self.step >= stop_at:
                     self._checkpoint()
         finally:
@@ -310,6 +312,8 @@ class Driver:
         lb = learner_batches(samples, c.learner.world_size, depth, c.algo.aggregation, c.curriculum.loop_counts)
         info.update(lb.stats)
         info["staleness"] = [self.version - g.version for g in groups]
+        info["dropped_stale_new"] = self.buffer.dropped_stale - self.ledger["dropped_reported"]
+        self.ledger["dropped_reported"] = self.buffer.dropped_stale
         info["groups"] = groups
         lr = c.learner.optim.lr * min(1.0, (self.step + 1) / max(1, c.learner.warmup_steps or 1))
         info["lr"] = lr
@@ -407,14 +411,34 @@ class Driver:
         self.last_checkpoint = str(ckpt)
 
     def _log_samples(self, batch_info) -> None:
+        """A few of the step's samples (two per group of the first groups) to rollouts.jsonl and W&B."""
+        from environments.registry import get_env
+
         every = self.cfg.run.sample_log_interval
         if not every or self.step % every or not batch_info:
             return
-        with open(self.run_dir / "rollouts.jsonl", "a") as f:
-            for g in batch_info["groups"][:2]:
-                for s in g.samples[:2]:
-                    f.write(json.dumps({"step": self.step, "prompt_id": g.prompt_id, "k": g.k,
-                                        "reward": s.reward, "text": s.text}) + "\n")
+        records = []
+        for g in batch_info["groups"][:4]:
+            a = g.assignment
+            prompt = get_env(a["env"]).generate(int(a["seed"]), int(a["difficulty"])).prompt
+            for s in g.samples[:2]:
+                records.append({"env": a["env"], "prompt_id": g.prompt_id, "k": g.k, "policy_version": g.version,
+                                "reward": s.reward, "accuracy": s.accuracy, "finish_reason": s.finish_reason,
+                                "prompt": prompt, "completion": s.text})
+        self.metrics.log_samples(self.step, records)
+
+    def _validate(self) -> dict[str, float]:
+        """Held-out greedy pass@1 per k with the weights of this step (on worker 0; blocks the driver)."""
+        from elr_rl.eval.evaluate import held_out_tasks
+        from elr_rl.rl.validation import run_validation, validation_config
+
+        if not hasattr(self, "_val_cfg"):
+            self._val_cfg = validation_config(self.cfg)
+            self._val_tasks = held_out_tasks(self._val_cfg)
+        t0 = time.perf_counter()
+        out = run_validation(self.workers[0], self.scorer, self._val_cfg, self._val_tasks)
+        out["timing_s/validation"] = time.perf_counter() - t0
+        return out
 
     def _shutdown(self) -> None:
         import ray

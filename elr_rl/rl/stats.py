@@ -13,19 +13,25 @@ def _mean(xs: list[float]) -> float:
 
 
 def group_metrics(groups: list[Group]) -> dict[str, float]:
-    """Reward, pass rate and response length overall, per loop count and per environment."""
+    """Reward, pass rate and response length overall, per loop count and per environment;
+    pass rate also per (environment, loop count); the fraction of samples cut at the token budget."""
     out: dict[str, float] = {}
     by: dict[str, list] = defaultdict(list)
     for g in groups:
+        env = g.assignment["env"]
         for s in g.samples:
             row = (s.reward, float(s.accuracy), float(s.num_model_tokens))
-            by["mean"].append(row)
-            by[f"k{g.k}"].append(row)
-            by[f"env/{g.assignment['env']}"].append(row)
+            for key in ("mean", f"k{g.k}", f"env/{env}"):
+                by[key].append(row)
+            by[f"env/{env}/k{g.k}"].append(row)
     for key, rows in by.items():
-        out[f"reward/{key}"] = _mean([r[0] for r in rows])
-        out[f"pass_rate/{key}"] = _mean([r[1] for r in rows])
-        out[f"response_length/{key}"] = _mean([r[2] for r in rows])
+        out[f"critic/pass_rate/{key}"] = _mean([r[1] for r in rows])
+        if key.count("/") < 2:  # per (env, k): pass rate only
+            out[f"critic/score/{key}"] = _mean([r[0] for r in rows])
+            out[f"response_length/{key}"] = _mean([r[2] for r in rows])
+    samples = [s for g in groups for s in g.samples]
+    if samples:
+        out["response_length/clip_ratio"] = _mean([float(s.finish_reason == "length") for s in samples])
     return out
 
 
@@ -42,24 +48,31 @@ def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: i
         return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
 
     staleness = info.get("staleness") or [0]
+    groups = len(info.get("groups") or [])
+    dropped = info.get("dropped_stale_new", 0)
     row: dict[str, Any] = group_metrics(window)
     row.update({
-        "loss/policy": sum(sum(r["losses"]) for r in results) / max(1, len(results)),
-        "clip_frac": wmean("clip_frac"), "entropy": wmean("entropy"), "kl": wmean("kl"),
-        "is_weight_mean": wmean("is_weight_mean"), "ratio_mean": wmean("ratio_mean"),
-        "grad_norm": results[0].get("grad_norm"), "lr": info.get("lr"),
+        "actor/pg_loss": sum(sum(r["losses"]) for r in results) / max(1, len(results)),
+        "actor/pg_clipfrac": wmean("clip_frac"), "actor/entropy": wmean("entropy"), "actor/ppo_kl": wmean("kl"),
+        "actor/is_weight_mean": wmean("is_weight_mean"), "actor/ratio_mean": wmean("ratio_mean"),
+        "actor/grad_norm": results[0].get("grad_norm"), "actor/lr": info.get("lr"),
         # the first update of a step starts from the weights that the old logprobs came from
-        "ratio_mean/update0": wmean("ratio_mean", 0), "is_weight_mean/update0": wmean("is_weight_mean", 0),
-        "ratio_max_dev/update0": max((abs(s["ratio_mean"] - 1) for s in mb if s.get("update") == 0), default=None),
+        "actor/ratio_mean/update0": wmean("ratio_mean", 0), "actor/is_weight_mean/update0": wmean("is_weight_mean", 0),
+        "actor/ratio_max_dev/update0": max((abs(s["ratio_mean"] - 1) for s in mb if s.get("update") == 0), default=None),
         "async/staleness_mean": _mean([float(x) for x in staleness]), "async/staleness_max": max(staleness),
         "async/policy_version": version, "async/dropped_stale_groups": ledger.get("dropped_stale", 0),
-        "perf/weight_sync_s": sync_s, "perf/weight_load_s": max(weight_loads) if weight_loads else None,
+        "async/dropped_stale_frac": dropped / (dropped + groups) if dropped + groups else 0.0,
+        "batch/frac_reward_zero_std": info.get("batch/uninformative_groups", 0.0) / groups if groups else None,
+        "timing_s/step": window_s, "timing_s/weight_sync": sync_s, "timing_s/elapsed": wall,
+        "timing_s/weight_load": max(weight_loads) if weight_loads else None,
+        "perf/weight_sync_frac": min(1.0, sync_s / window_s) if window_s else None,
         "perf/learner_idle_ratio": max(0.0, 1.0 - learner_busy),
-        "perf/rollout_idle_ratio": max(0.0, 1.0 - rollout_busy), "perf/trained_tokens": tokens, "perf/wall_s": wall,
+        "perf/rollout_idle_ratio": max(0.0, 1.0 - rollout_busy), "perf/trained_tokens": tokens,
+        "perf/trained_tokens_per_s": tokens / window_s if window_s else None,
         "faults/restarted_workers": restarts, "faults/requeued_prompts": ledger.get("requeued", 0),
         "sync/parity_max_abs_diff": max(parity) if parity else None,
     })
     gen_tokens = sum(s.num_model_tokens for g in window for s in g.samples)
-    row["perf/tokens_per_s"] = gen_tokens / window_s if window_s else 0.0  # generated since the last row
+    row["perf/gen_tokens_per_s"] = gen_tokens / window_s if window_s else 0.0  # generated since the last row
     row.update({k: v for k, v in info.items() if k.startswith("batch/")})
     return {k: v for k, v in row.items() if v is not None}
