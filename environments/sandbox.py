@@ -1,26 +1,35 @@
 """Run untrusted (model-written) code and shell commands.
 
-One child process per job, in its own session, in a fresh temporary directory,
-with CPU-time, memory (RLIMIT_DATA, not RLIMIT_AS: address-space limits break
-numpy/BLAS reservations), process-count, file-size and open-file limits, a
-minimal environment, no network, a wall-clock backstop that kills the whole
-process group, output bounded by RLIMIT_FSIZE on files (never pipes, so a
-flood cannot fill the parent's memory), and always reaped.
+One child process per job, in its own session, in a fresh job folder, with
+CPU-time, memory, process-count, file-size and open-file limits, a minimal
+environment, no network, a wall-clock backstop that kills the whole process
+group, output bounded by RLIMIT_FSIZE on files (never pipes, so a flood cannot
+fill the parent's memory), and always reaped.
 
-Isolation tiers, strongest first, probed once per process:
+Isolation tiers, strongest first:
 
-- ``bwrap``: bubblewrap with every namespace unshared, a read-only root, the
-  job directory bound on ``/tmp`` and private ``/var/tmp`` and ``/dev/shm``.
+- ``bwrap``: bubblewrap with every namespace unshared and an empty root that
+  holds only the system's programs and libraries (``/usr``, read-only), the
+  job interpreter's prefix (read-only, every site-packages folder hidden, so
+  neither the project nor its editable install is reachable), the job folder
+  on ``/tmp`` and size-limited tmpfs on ``/var/tmp`` and ``/dev/shm``.
+  No ``/home``, ``/root``, ``/run``, ``/work``, no host ``/tmp``.
 - ``unshare``: util-linux ``unshare --user --map-root-user --net --pid --fork``
-  plus a private mount namespace doing the same binds and a read-only root.
-- ``rlimit``: plain resource limits only (logged as a warning: the child has
-  the network and sees the host's files with the sandbox user's rights).
+  plus a mount namespace that hides every top-level folder but the system's
+  ones under empty tmpfs, with the same binds and a read-only root.
+- ``rlimit``: plain resource limits only (the child has the network and sees
+  the host's files with the sandbox user's rights).
+
+The tier is chosen once per process: the configured one (``ELR_SANDBOX_TIER``,
+default ``bwrap``) or an error saying what to install; a weaker tier only with
+``ELR_SANDBOX_ALLOW_WEAKER_TIER=1`` (``sandbox.allow_weaker_tier``), logged.
 
 When the parent runs as root the child first drops to an unprivileged user
 (``nobody``): root ignores RLIMIT_NPROC, may write anywhere and may signal its
-parent. Nothing hidden (tests, expected outputs) is ever written into the job
-directory: callers compare results in the parent and never trust the child's
-exit code or printed banners.
+parent. Jobs run Python as ``python -I -S``: the standard library only. Nothing
+hidden (tests, expected outputs) is ever written into the job folder: callers
+compare results in the parent and never trust the child's exit code or
+printed banners. Memory and disk per job: see `environments.sandbox_host`.
 """
 
 from __future__ import annotations
@@ -35,11 +44,13 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from environments import sandbox_host as host
+from environments.sandbox_view import bwrap_view, unshare_argv
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,12 @@ NOBODY = 65534
 _PR_SET_PDEATHSIG = 1
 # Loaded here, not between fork and exec: dlopen in a forked child of a threaded parent can deadlock.
 _LIBC = ctypes.CDLL(None, use_errno=True)
+# Address space a process needs beyond its data limit (code, libraries, stacks) when no cgroup counts memory.
+_AS_HEADROOM_MB = 256
+
+
+class SandboxUnavailable(RuntimeError):
+    """The configured isolation tier cannot run on this machine."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +78,8 @@ class SandboxLimits:
     wall_s: float = 15.0
     """Wall-clock backstop: the process group is killed after this many seconds."""
     memory_mb: int = 512
-    """RLIMIT_DATA in MiB (heap + anonymous mappings)."""
+    """Memory per job in MiB: a memory cgroup where one is writable (heap, shared mappings and tmpfs
+    pages all count), else RLIMIT_DATA plus RLIMIT_AS (data + 256 MiB) per process."""
     nproc: int = 32
     """RLIMIT_NPROC: processes the job may have at once (fork bombs stop here)."""
     fsize_mb: int = 8
@@ -70,6 +88,10 @@ class SandboxLimits:
     """RLIMIT_NOFILE: open file descriptors per process."""
     output_bytes: int = 64_000
     """Bytes of stdout and of stderr handed back to the caller."""
+    disk_mb: int = 32
+    """Bytes the job folder may hold, in MiB (a sized tmpfs as root, else measured after each run)."""
+    tmpfs_mb: int = 8
+    """Size of the private /dev/shm and /var/tmp of the namespace tiers, in MiB each."""
 
 
 @dataclass
@@ -83,6 +105,7 @@ class RunResult:
     truncated: bool  # stdout or stderr was longer than output_bytes
     wall_s: float
     tier: str
+    over_disk_quota: bool = False  # the job folder held more than disk_mb after the run
 
 
 def _as_sandbox_user() -> tuple[int | None, int | None]:
@@ -106,11 +129,15 @@ def _count_user_procs(uid: int) -> int:
     return n
 
 
-def _preexec(limits: SandboxLimits, nproc: int | None):
+def _preexec(limits: SandboxLimits, nproc: int | None, cgroup: host.JobCgroup | None):
     """Limits set in the child between fork and exec (after the uid drop)."""
 
     def apply() -> None:
         mib = 1 << 20
+        if cgroup is not None:
+            cgroup.join()
+        else:  # no cgroup: bound the address space too (shared mappings escape RLIMIT_DATA)
+            resource.setrlimit(resource.RLIMIT_AS, ((limits.memory_mb + _AS_HEADROOM_MB) * mib,) * 2)
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_DATA, (limits.memory_mb * mib,) * 2)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize_mb * mib,) * 2)
@@ -130,23 +157,10 @@ def _ns_wrap(tier: str, argv: list[str], host_dir: str, limits: SandboxLimits) -
     # Counted per job inside its user namespace (the outer limit only guards the host).
     inner = [prlimit, f"--nproc={limits.nproc}:{limits.nproc}", "--", *argv] if prlimit else argv
     if tier == "bwrap":
-        return [
-            "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--bind", host_dir, NS_WORKDIR, "--tmpfs", "/var/tmp", "--tmpfs", "/dev/shm",
-            "--chdir", NS_WORKDIR, "--", *inner,
-        ]  # fmt: skip
+        view = bwrap_view(sandbox_prefix(), host_dir, NS_WORKDIR, limits.tmpfs_mb)
+        return ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", *view, "--", *inner]
     if tier == "unshare":
-        # Mount the job dir on /tmp, hide the other world-writable places, root read-only.
-        script = (
-            f'mount --bind "$0" {NS_WORKDIR} && mount -t tmpfs -o size=1m tmpfs /var/tmp'
-            " && mount -t tmpfs -o size=1m tmpfs /dev/shm && mount -o remount,bind,ro /"
-            f' && cd {NS_WORKDIR} && exec "$@"'
-        )
-        return [
-            "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork",
-            "--mount-proc", "--kill-child", "sh", "-c", script, host_dir, *inner,
-        ]  # fmt: skip
+        return unshare_argv(sandbox_prefix(), host_dir, NS_WORKDIR, limits.tmpfs_mb, inner)
     raise ValueError(f"unknown namespace tier {tier!r}; choose one of {TIERS}")
 
 
@@ -231,29 +245,22 @@ def run_job(
         full, cwd_inside = _ns_wrap(tier, argv, host_dir, limits), NS_WORKDIR
         nproc = 1024  # outer guard for the sandbox user; the per-job limit is set inside
     paths = {k: io_dir / f"{k}.{time.monotonic_ns()}" for k in ("in", "out", "err")}
-    paths["in"].write_text(stdin, encoding="utf-8")
+    paths["in"].write_bytes(stdin.encode("utf-8", "replace"))
+    cgroup = None
+    if host.cgroup_parent() is not None:
+        cgroup = host.JobCgroup(limits.memory_mb, uid)
     start = time.monotonic()
-    with open(paths["in"], "rb") as fin, open(paths["out"], "wb") as fout, open(paths["err"], "wb") as ferr:
-        proc = subprocess.Popen(
-            full, cwd=host_dir, env=_minimal_env(cwd_inside), stdin=fin, stdout=fout, stderr=ferr,
-            start_new_session=True, user=uid, group=gid, extra_groups=[] if uid is not None else None,
-            preexec_fn=_preexec(limits, nproc), close_fds=True,
-        )  # fmt: skip
-        timed_out = False
-        try:
-            proc.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            # A namespace tier's init is bwrap's/unshare's child: killing it empties the pid
-            # namespace, which the kernel does before the init is gone (waited for below).
-            inits = _children(proc.pid) if proc.poll() is None and tier != "rlimit" else []
-            _kill_group(proc)  # always: leftover background children of the group die too
-            for pid in inits:
-                _kill_pid(pid)
-            proc.wait()
-            _kill_group(proc)  # now that the leader is reaped: until the rest of the group is gone
-            _wait_gone(inits)
+    try:
+        with open(paths["in"], "rb") as fin, open(paths["out"], "wb") as fout, open(paths["err"], "wb") as ferr:
+            proc = subprocess.Popen(
+                full, cwd=host_dir, env=_minimal_env(cwd_inside), stdin=fin, stdout=fout, stderr=ferr,
+                start_new_session=True, user=uid, group=gid, extra_groups=[] if uid is not None else None,
+                preexec_fn=_preexec(limits, nproc, cgroup), close_fds=True,
+            )  # fmt: skip
+            timed_out = _wait_and_reap(proc, tier, limits.wall_s)
+    finally:
+        if cgroup is not None:
+            cgroup.remove()  # kills anything left in it
     wall = time.monotonic() - start
     out, t1 = _read_capped(paths["out"], limits.output_bytes)
     err, t2 = _read_capped(paths["err"], limits.output_bytes)
@@ -262,76 +269,149 @@ def run_job(
     return RunResult(out, err, proc.returncode, timed_out, t1 or t2, wall, tier)
 
 
-def _rmtree(path: str) -> None:
-    def unlock(func, p, _exc):  # the job may have chmod-ed things read-only
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=unlock)
-
-
-def _probe(tier: str) -> bool:
-    base = tempfile.mkdtemp(prefix="elr-sbx-probe-")
+def _wait_and_reap(proc: subprocess.Popen, tier: str, wall_s: float) -> bool:
+    """Wait up to wall_s, then kill every process of the job; True when the clock ran out."""
+    timed_out = False
     try:
-        work = os.path.join(base, "work")
-        os.mkdir(work)
-        _chown_for_sandbox(base, work)
-        limits = SandboxLimits(wall_s=10.0)
-        res = run_job(["sh", "-c", "echo ok > probe && cat probe"], work, tier=tier, limits=limits, io_dir=base)
-        return res.stdout.strip() == "ok" and res.returncode == 0
-    except OSError:
-        return False
+        proc.wait(timeout=wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
     finally:
-        _rmtree(base)
+        # A namespace tier's init is bwrap's/unshare's child: killing it empties the pid
+        # namespace, which the kernel does before the init is gone (waited for below).
+        inits = _children(proc.pid) if proc.poll() is None and tier != "rlimit" else []
+        _kill_group(proc)  # always: leftover background children of the group die too
+        for pid in inits:
+            _kill_pid(pid)
+        proc.wait()
+        _kill_group(proc)  # now that the leader is reaped: until the rest of the group is gone
+        _wait_gone(inits)
+    return timed_out
+
+
+def remove_tree(path: str | Path) -> None:
+    """Delete a job folder whatever the job left there: read-only modes, FIFOs, trees deeper than
+    Python's recursion limit or than PATH_MAX, a quota tmpfs mounted on it."""
+    path = str(path)
+    if not os.path.lexists(path):
+        return
+    host.unmount_below(Path(path))
+    # chmod/rm walk iteratively (fts) and never follow links; Python's rmtree recurses.
+    subprocess.run(["chmod", "-R", "u+rwX", "--", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(["rm", "-rf", "--", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if os.path.lexists(path):
+        log.warning("sandbox: could not remove %s", path)
+
+
+def remove_leftovers(pid: int) -> int:
+    """Remove the job folders and cgroups that process `pid` left (it was killed mid-job); how many."""
+    dirs, groups = host.job_dirs_of(pid), host.cgroups_of(pid)
+    for group in groups:
+        host.remove_cgroup(group)
+    for d in dirs:
+        remove_tree(d)
+    return len(dirs)
+
+
+def _probe(tier: str) -> str | None:
+    """None when `tier` runs a job here, else why not."""
+    sb = None
+    try:
+        sb = Sandbox(tier=tier, limits=SandboxLimits(wall_s=10.0))
+        res = sb.run([sandbox_python(), "-I", "-S", "-c", "open('probe', 'w').write('ok'); print(open('probe').read())"])
+        if res.stdout.strip() == "ok" and res.returncode == 0:
+            return None
+        return f"exit {res.returncode}: {res.stderr.strip()[-300:] or res.stdout.strip()[-300:]}"
+    except (OSError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        if sb is not None:
+            sb.close()
+
+
+def _tier_ok(tier: str) -> str | None:
+    exe = {"bwrap": "bwrap", "unshare": "unshare"}.get(tier)
+    if exe and not shutil.which(exe):
+        return f"`{exe}` is not installed"
+    return _probe(tier)
+
+
+_INSTALL_HINT = {
+    "bwrap": "install bubblewrap (scripts/install_system_deps.sh, or `apt-get install bubblewrap`)",
+    "unshare": "install util-linux and allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)",
+    "rlimit": "check that a Python interpreter is executable by the sandbox user",
+}
+
+
+def configured_tier() -> tuple[str, bool]:
+    """(tier asked for, whether a weaker one is accepted) from ELR_SANDBOX_TIER / ELR_SANDBOX_ALLOW_WEAKER_TIER."""
+    tier = os.environ.get("ELR_SANDBOX_TIER") or TIERS[0]
+    if tier not in TIERS:
+        raise ValueError(f"ELR_SANDBOX_TIER={tier!r}; choose one of {TIERS}")
+    return tier, os.environ.get("ELR_SANDBOX_ALLOW_WEAKER_TIER", "0").lower() in ("1", "true", "yes")
+
+
+def configure(tier: str, allow_weaker_tier: bool) -> None:
+    """Set the tier for this process and the workers it starts (they inherit the environment)."""
+    if tier not in TIERS:
+        raise ValueError(f"sandbox.tier={tier!r}; choose one of {TIERS}")
+    os.environ["ELR_SANDBOX_TIER"] = tier
+    os.environ["ELR_SANDBOX_ALLOW_WEAKER_TIER"] = "1" if allow_weaker_tier else "0"
+    detect_tier.cache_clear()
 
 
 @functools.cache
 def detect_tier() -> str:
-    """The strongest tier that works here (ELR_SANDBOX_TIER forces one); probed once."""
-    forced = os.environ.get("ELR_SANDBOX_TIER")
-    if forced:
-        if forced not in TIERS:
-            raise ValueError(f"ELR_SANDBOX_TIER={forced!r}; choose one of {TIERS}")
-        return forced
-    for tier, exe in (("bwrap", "bwrap"), ("unshare", "unshare")):
-        if shutil.which(exe) and _probe(tier):
-            return tier
-        log.info("sandbox tier %s unavailable", tier)
-    log.warning(
-        "sandbox: neither bubblewrap nor unshare works here; falling back to plain rlimits "
-        "(no network isolation, host files visible with the sandbox user's rights)"
+    """The tier jobs run under, chosen once: the configured one, or an error saying what to do.
+
+    A weaker tier replaces it only when allowed, and that is logged as a warning."""
+    wanted, allow_weaker = configured_tier()
+    why = _tier_ok(wanted)
+    if why is None:
+        log.info("sandbox tier: %s", wanted)
+        return wanted
+    if allow_weaker:
+        for tier in TIERS[TIERS.index(wanted) + 1 :]:
+            if _tier_ok(tier) is None:
+                log.warning("sandbox: tier %s cannot run (%s); using the weaker tier %s (allow_weaker_tier)", wanted, why, tier)
+                return tier
+    raise SandboxUnavailable(
+        f"sandbox tier {wanted!r} cannot run here ({why}): {_INSTALL_HINT[wanted]}, or choose a weaker tier with "
+        f"sandbox.tier / ELR_SANDBOX_TIER, or accept one with sandbox.allow_weaker_tier=true / ELR_SANDBOX_ALLOW_WEAKER_TIER=1"
     )
-    return "rlimit"
 
 
 def available_tiers() -> list[str]:
     """Every tier that works here (for tests that exercise each one)."""
-    return [t for t in TIERS if t == "rlimit" or (shutil.which(t if t == "bwrap" else "unshare") and _probe(t))]
+    return [t for t in TIERS if _tier_ok(t) is None]
 
 
 @functools.cache
 def sandbox_python() -> str:
-    """A Python interpreter the sandbox user can execute (the venv's may sit under /root)."""
-    candidates = [sys.executable, shutil.which("python3"), "/usr/bin/python3"]
-    base = tempfile.mkdtemp(prefix="elr-sbx-probe-")
+    """The real path of a Python interpreter the sandbox user can execute (the venv's may sit under /root).
+
+    Jobs run it as `python -I -S`: its standard library only, never a site-packages."""
+    candidates = [os.path.realpath(c) for c in (sys.executable, shutil.which("python3"), "/usr/bin/python3") if c]
+    base = host.new_job_dir()
     try:
         work = os.path.join(base, "work")
         os.mkdir(work)
-        _chown_for_sandbox(base, work)
-        for exe in dict.fromkeys(c for c in candidates if c):
+        _chown_for_sandbox(str(base), work)
+        for exe in dict.fromkeys(candidates):
             try:
-                res = run_job([exe, "-c", "print('ok')"], work, tier="rlimit", limits=SandboxLimits(), io_dir=base)
+                res = run_job([exe, "-I", "-S", "-c", "print('ok')"], work, tier="rlimit", limits=SandboxLimits(), io_dir=base)
             except OSError:  # not executable by the sandbox user
                 continue
             if res.stdout.strip() == "ok":
                 return exe
     finally:
-        _rmtree(base)
+        remove_tree(base)
     raise RuntimeError(f"no Python interpreter among {candidates} is executable by the sandbox user")
+
+
+def sandbox_prefix() -> str:
+    """The install prefix of `sandbox_python` (its bin/ folder's parent), shown read-only to jobs."""
+    return str(Path(sandbox_python()).parent.parent)
 
 
 def _chown_for_sandbox(base: str, work: str) -> None:
@@ -356,9 +436,13 @@ class Sandbox:
     ) -> None:
         self.limits = limits
         self.tier = tier or detect_tier()
-        self._base = os.path.realpath(tempfile.mkdtemp(prefix="elr-sbx-"))
-        self.root = Path(self._base) / "work"
-        self.root.mkdir()
+        self.root = None  # type: ignore[assignment]
+        self._base = str(host.new_job_dir())
+        root = Path(self._base) / "work"
+        root.mkdir()
+        uid, gid = _as_sandbox_user()
+        self.quota_mounted = uid is not None and host.mount_quota(root, limits.disk_mb, uid, gid)
+        self.root = root
         _chown_for_sandbox(self._base, str(self.root))
         if files:
             self.write_files(files)
@@ -369,13 +453,22 @@ class Sandbox:
         return str(self.root) if self.tier == "rlimit" else NS_WORKDIR
 
     def write_files(self, files: Mapping[str, str | bytes]) -> None:
-        """Write files (relative paths) into the job directory, owned by the sandbox user."""
+        """Write files (relative paths) into the job directory, owned by the sandbox user.
+
+        What the job left at a path (a FIFO, a link, a device) is replaced, never opened."""
         uid, gid = _as_sandbox_user()
         for rel, content in files.items():
             path = self._resolve(rel)
             path.parent.mkdir(parents=True, exist_ok=True)
-            data = content.encode("utf-8") if isinstance(content, str) else content
-            path.write_bytes(data)
+            data = content.encode("utf-8", "replace") if isinstance(content, str) else content
+            if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    remove_tree(path)
+                else:
+                    os.unlink(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             if uid is not None:
                 for p in [path, *path.relative_to(self.root).parents]:
                     os.lchown(self.root / p, uid, gid)
@@ -389,45 +482,66 @@ class Sandbox:
     def run(self, argv: list[str], stdin: str = "", limits: SandboxLimits | None = None) -> RunResult:
         if self.root is None:
             raise RuntimeError("sandbox is closed")
-        return run_job(argv, self.root, tier=self.tier, limits=limits or self.limits, stdin=stdin, io_dir=self._base)
+        limits = limits or self.limits
+        res = run_job(argv, self.root, tier=self.tier, limits=limits, stdin=stdin, io_dir=self._base)
+        if not self.quota_mounted and host.tree_bytes(self.root) > limits.disk_mb << 20:
+            res.over_disk_quota = True
+        return res
 
     def run_shell(self, command: str, limits: SandboxLimits | None = None) -> RunResult:
         return self.run(["sh", "-c", command], limits=limits)
 
     def run_python(self, script: str, stdin: str = "", limits: SandboxLimits | None = None) -> RunResult:
-        """Run a Python file already in the job directory (isolated mode, no bytecode)."""
-        return self.run([sandbox_python(), "-I", "-B", script], stdin=stdin, limits=limits)
+        """Run a Python file already in the job directory (isolated, no site-packages, no bytecode)."""
+        return self.run([sandbox_python(), "-I", "-S", "-B", script], stdin=stdin, limits=limits)
 
-    def read_tree(self, max_file_bytes: int = 1 << 20, max_files: int = 2000) -> dict[str, bytes | None]:
-        """Regular files under the job dir -> content (None when too big). Symlinks, FIFOs
-        and devices are never followed or opened: the job made them and may lie."""
+    def read_tree(
+        self, max_file_bytes: int = 1 << 20, max_files: int = 2000, max_depth: int = 32
+    ) -> dict[str, bytes | None]:
+        """Regular files under the job dir -> content (None when too big). Symlinks, FIFOs and
+        devices are never followed or opened: the job made them and may lie. Folders deeper than
+        max_depth are listed as None and not entered (iterative: any depth is fine)."""
         out: dict[str, bytes | None] = {}
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                rel = os.path.relpath(full, self.root)
-                st = os.lstat(full)
-                if not stat.S_ISREG(st.st_mode):
-                    out[rel] = None
-                elif st.st_size > max_file_bytes:
-                    out[rel] = None
-                else:
-                    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                    with os.fdopen(fd, "rb") as f:
-                        out[rel] = f.read(max_file_bytes)
+        stack = [("", 0)]
+        while stack:
+            rel_dir, depth = stack.pop()
+            try:
+                with os.scandir(os.path.join(self.root, rel_dir)) as it:
+                    entries = sorted(it, key=lambda e: e.name, reverse=True)
+            except OSError:
+                out[rel_dir] = None
+                continue
+            for entry in entries:
+                rel = os.path.join(rel_dir, entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    if depth + 1 >= max_depth:
+                        out[rel] = None
+                    else:
+                        stack.append((rel, depth + 1))
+                    continue
+                out[rel] = self._read_regular(entry.path, max_file_bytes)
                 if len(out) >= max_files:
-                    return out
-            for d in list(dirnames):
-                if os.path.islink(os.path.join(dirpath, d)):
-                    out[os.path.relpath(os.path.join(dirpath, d), self.root)] = None
-                    dirnames.remove(d)
-            dirnames.sort()
-        return out
+                    return dict(sorted(out.items()))
+        return dict(sorted(out.items()))
+
+    @staticmethod
+    def _read_regular(path: str, cap: int) -> bytes | None:
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+                return None
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read(cap)
 
     def close(self) -> None:
         if self.root is not None:
-            _rmtree(self._base)
             self.root = None  # type: ignore[assignment]
+            remove_tree(self._base)
+        elif getattr(self, "_base", None) and os.path.lexists(self._base):  # failed half-way in __init__
+            remove_tree(self._base)
 
     def __enter__(self) -> "Sandbox":
         return self
