@@ -1,0 +1,227 @@
+"""Dataset environments: loading, row hashes, bad input, verifiers, registry resolution (no engines)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from environments import registry
+from environments.base import Score
+
+
+@pytest.fixture()
+def fresh_registry(monkeypatch):
+    """Dataset registrations of one test stay in that test."""
+    monkeypatch.delenv(registry.SPECS_ENV, raising=False)
+    registry.refresh()
+    yield registry
+    registry.refresh()
+
+
+def write_parquet(path, rows):
+    from datasets import Dataset
+
+    Dataset.from_list(rows).to_parquet(str(path))
+    return str(path)
+
+
+MATH_ROWS = [
+    {"question": "What is 50 + 5?", "answer": "55", "level": 1},
+    {"question": "What is half of 3/2?", "answer": "\\frac{3}{4}", "level": 2},
+    {"question": "What is 6 * 7?", "answer": "42", "level": 1},
+]
+
+
+def math_entry(path, **extra):
+    return {"name": "tinymath", "data": path, "prompt_key": "question", "answer_key": "answer",
+            "difficulty_key": "level", "verifier": "math", **extra}
+
+
+def test_rows_are_keyed_by_content_hash_and_survive_reordering(tmp_path, fresh_registry):
+    a = write_parquet(tmp_path / "a.parquet", MATH_ROWS)
+    b = write_parquet(tmp_path / "b.parquet", list(reversed(MATH_ROWS)) + [MATH_ROWS[0]])  # reordered + duplicate
+    from environments.dataset import DatasetSpec, dataset_class
+
+    env_a = dataset_class(DatasetSpec.from_mapping(math_entry(a)))()
+    env_b = dataset_class(DatasetSpec.from_mapping(math_entry(b)))()
+    assert env_a.prompt_keys() == env_b.prompt_keys()  # same (difficulty, seed) list, in hash order
+    assert len(env_a.prompt_keys()) == 3 and env_b.report.duplicates == 1
+    for d, seed in env_a.prompt_keys():
+        ta, tb = env_a.generate(seed, d), env_b.generate(seed, d)
+        assert (ta.id, ta.prompt, ta.answer) == (tb.id, tb.prompt, tb.answer)
+        assert 0 <= seed < 2**63 and "<answer>" in ta.prompt
+    with pytest.raises(ValueError, match="not the hash of a row"):
+        env_a.generate(12345, 1)
+
+
+def test_equivalent_answer_forms_score_one_and_wrong_ones_zero(tmp_path, fresh_registry):
+    path = write_parquet(tmp_path / "m.parquet", MATH_ROWS)
+    [name] = registry.resolve_envs([math_entry(path)])
+    env = registry.get_env(name)
+    by_answer = {env.generate(s, d).answer: env.generate(s, d) for d, s in env.prompt_keys()}
+    t55, t34 = by_answer["55"], by_answer["\\frac{3}{4}"]
+    for good in ["55", "\\boxed{55}", "$55$", "55.0", "55 dollars", "x = 55", "$\\frac{110}{2}$"]:
+        assert env.score(t55, f"so <answer>{good}</answer>").reward == 1.0, good
+    for bad in ["56", "5 or 55", "55, 56", "qzx 55", "", "\\boxed{55} or \\boxed{56}"]:
+        assert env.score(t55, f"<answer>{bad}</answer>").reward == 0.0, bad
+    assert env.score(t55, "55").reward == 0.0  # no answer span: answer_tag is on
+    for good in ["0.75", "3/4", "\\frac{6}{8}", "$\\dfrac{3}{4}$"]:
+        assert env.score(t34, f"<answer>{good}</answer>").reward == 1.0, good
+    assert env.score(t34, "<answer>0.7</answer>").reward == 0.0
+
+
+def test_whole_completion_mode_and_answer_regex(tmp_path, fresh_registry):
+    rows = [{"q": "Natalia sold 48 clips ...", "a": "She sold 48/2 = 24 in May.\n#### 72"}]
+    path = write_parquet(tmp_path / "g.parquet", rows)
+    [name] = registry.resolve_envs([{"name": "gsm", "data": path, "prompt_key": "q", "answer_key": "a",
+                                     "answer_regex": r"####\s*(.+)$", "answer_tag": False}])
+    env = registry.get_env(name)
+    task = env.generate(env.prompt_keys()[0][1], 1)
+    assert task.answer == "72" and "<answer>" not in task.prompt
+    assert env.score(task, "48 + 24 = 72 clips. The answer is \\boxed{72}.").reward == 1.0
+    assert env.score(task, "The answer is \\boxed{71}.").reward == 0.0
+
+
+@pytest.mark.parametrize(
+    "rows,entry,match",
+    [
+        ([], {}, "cannot read|no usable rows"),
+        ([{"question": "q", "solution": "1"}], {}, r"no column 'answer' \(answer_key\)"),
+        ([{"question": "q", "answer": "1"}, {"question": None, "answer": "2"}], {}, r"row 1 column 'question': is null"),
+        ([{"question": 7, "answer": "1"}], {}, r"row 0 column 'question': is int, not a string"),
+        ([{"question": "q", "answer": None}], {}, r"row 0 column 'answer': is null"),
+        ([{"question": "q", "answer": "not a schema"}], {"verifier": "json_schema"}, r"row 0 column 'answer'"),
+    ],
+)
+def test_bad_input_names_file_row_and_column(tmp_path, fresh_registry, rows, entry, match):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = {"name": "bad", "data": str(path), "prompt_key": "question", **entry}
+    with pytest.raises(ValueError, match=match) as info:
+        registry.resolve_envs([spec])
+        registry.get_env("bad").prompt_keys()
+    assert "bad" in str(info.value)
+
+
+def test_bad_rows_can_be_skipped_and_counted(tmp_path, fresh_registry):
+    rows = [{"question": "q1", "answer": "1"}, {"question": None, "answer": "2"}, {"question": "q3", "answer": None}]
+    path = write_parquet(tmp_path / "s.parquet", rows)
+    registry.resolve_envs([{"name": "skippy", "data": path, "prompt_key": "question", "on_bad_row": "skip"}])
+    env = registry.get_env("skippy")
+    assert len(env.prompt_keys()) == 1
+    assert env.report.skipped == {"null": 2} and "row 1 column 'question'" in env.report.first_skipped[0]
+
+
+def test_config_mistakes_are_clear(tmp_path, fresh_registry):
+    path = write_parquet(tmp_path / "m.parquet", MATH_ROWS)
+    with pytest.raises(ValueError, match="unknown keys \\['promt_key'\\]"):
+        registry.resolve_envs([{"name": "x", "data": path, "promt_key": "question"}])
+    with pytest.raises(ValueError, match="unknown verifier 'maths'"):
+        registry.resolve_envs([math_entry(path, verifier="maths")])
+        registry.get_env("tinymath")
+    with pytest.raises(ValueError, match="name of a registered environment"):
+        registry.resolve_envs([math_entry(path, name="arith_multidigit")])
+    with pytest.raises(ValueError, match="does not exist"):
+        registry.resolve_envs([math_entry(str(tmp_path / "nope.parquet"))])
+    with pytest.raises(ValueError, match="unknown environment 'no_such_env'"):
+        registry.resolve_envs(["no_such_env"])
+
+
+def test_specs_travel_to_spawned_processes(tmp_path, fresh_registry):
+    """A scoring-pool worker (a spawned process) resolves the dataset by name and scores it."""
+    from environments.pool import ScoringPool
+
+    path = write_parquet(tmp_path / "m.parquet", MATH_ROWS)
+    registry.resolve_envs(["even_odd", math_entry(path)])
+    env = registry.get_env("tinymath")
+    tasks = [env.generate(s, d) for d, s in env.prompt_keys()]
+    with ScoringPool(num_workers=1) as pool:
+        scores = pool.score_many([("tinymath", t, f"<answer>{t.answer}</answer>") for t in tasks]
+                                 + [("tinymath", tasks[0], "<answer>-1</answer>")])
+    assert [s.reward for s in scores] == [1.0, 1.0, 1.0, 0.0]
+
+
+def user_verifier(response: str, expected: str, row: dict) -> float:
+    """Used by the tests below: half credit for the right answer in lower case."""
+    if response == expected:
+        return 1.0
+    if response.lower() == expected.lower():
+        return 0.5
+    if response == "raise":
+        raise RuntimeError("user verifier bug")
+    if response == "hang":
+        while True:
+            pass
+    return 0.0
+
+
+def test_user_function_verifier_in_the_pool(tmp_path, fresh_registry):
+    from environments.pool import ScoringPool
+
+    rows = [{"prompt": "Say HELLO", "answer": "HELLO"}]
+    path = write_parquet(tmp_path / "u.parquet", rows)
+    registry.resolve_envs([{"name": "shout", "data": path, "verifier": f"{__name__}:user_verifier",
+                            "score_timeout_s": 2.0}])
+    env = registry.get_env("shout")
+    task = env.generate(env.prompt_keys()[0][1], 1)
+    with ScoringPool(num_workers=1) as pool:
+        good, half, wrong, raised, hung, after = pool.score_many(
+            [("shout", task, f"<answer>{x}</answer>") for x in ["HELLO", "hello", "bye", "raise", "hang", "HELLO"]])
+    assert (good.reward, half.reward, wrong.reward, after.reward) == (1.0, 0.5, 0.0, 1.0)
+    assert raised.reward == 0.0 and "user verifier bug" in raised.error and raised.components["verifier_error"] == 1.0
+    assert hung.reward == 0.0 and "timed out" in hung.error
+
+
+def test_regex_exact_and_json_schema_verifiers(tmp_path, fresh_registry):
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                         "additionalProperties": False})
+    rows = [{"prompt": "p1", "answer": r"\d{3}-\d{4}", "kind": "regex"}]
+    registry.resolve_envs([
+        {"name": "rx", "data": write_parquet(tmp_path / "r.parquet", rows), "verifier": "regex"},
+        {"name": "ex", "data": write_parquet(tmp_path / "e.parquet", [{"prompt": "p", "answer": "Paris  France"}]),
+         "verifier": "exact"},
+        {"name": "js", "data": write_parquet(tmp_path / "j.parquet", [{"prompt": "p", "answer": schema}]),
+         "verifier": "json_schema"},
+    ])
+    score = lambda env, text: registry.get_env(env).score(  # noqa: E731
+        registry.get_env(env).generate(registry.get_env(env).prompt_keys()[0][1], 1), f"<answer>{text}</answer>")
+    assert score("rx", "555-1234").reward == 1.0 and score("rx", "555-12345").reward == 0.0
+    assert score("ex", "Paris France").reward == 1.0 and score("ex", "Paris").reward == 0.0
+    assert score("js", '{"n": 3}').reward == 1.0
+    assert score("js", '{"n": "3"}').reward == 0.0 and score("js", '{"n": 3, "m": 1}').reward == 0.0
+    assert score("js", "not json").reward == 0.0
+
+
+def test_weighted_pool_mixes_sources_in_proportion(tmp_path, fresh_registry):
+    from environments.sources import pool_keys, weighted_counts
+
+    assert weighted_counts({"a": 100, "b": 10}, {"a": 1.0, "b": 1.0}) == {"a": 10, "b": 10}
+    assert weighted_counts({"a": 100, "b": 10}, {"a": 3.0, "b": 1.0}) == {"a": 30, "b": 10}
+    path = write_parquet(tmp_path / "m.parquet", MATH_ROWS)
+    unweighted = pool_keys(["even_odd", math_entry(path)], [1], range(8))
+    assert sum(e == "even_odd" for e, _, _ in unweighted) == 8 and sum(e == "tinymath" for e, _, _ in unweighted) == 3
+    weighted = pool_keys([{"name": "even_odd", "weight": 2}, math_entry(path, weight=1)], [1], range(8))
+    assert sum(e == "even_odd" for e, _, _ in weighted) == 6 and sum(e == "tinymath" for e, _, _ in weighted) == 3
+
+
+def test_saved_dataset_folder_with_splits(tmp_path, fresh_registry):
+    from datasets import Dataset, DatasetDict
+
+    DatasetDict({"train": Dataset.from_list(MATH_ROWS[:2]), "test": Dataset.from_list(MATH_ROWS[2:])}).save_to_disk(
+        str(tmp_path / "saved"))
+    registry.resolve_envs([math_entry(str(tmp_path / "saved"), split="test", name="m_test")])
+    assert len(registry.get_env("m_test").prompt_keys()) == 1
+    with pytest.raises(ValueError, match="has splits \\['test', 'train'\\], not 'dev'"):
+        registry.resolve_envs([math_entry(str(tmp_path / "saved"), split="dev", name="m_dev")])
+        registry.get_env("m_dev").prompt_keys()
+
+
+def test_score_is_total_on_any_text(tmp_path, fresh_registry):
+    path = write_parquet(tmp_path / "m.parquet", MATH_ROWS)
+    registry.resolve_envs([math_entry(path)])
+    env = registry.get_env("tinymath")
+    task = env.generate(*reversed(env.prompt_keys()[0]))
+    for text in ["<answer>\ud800</answer>", "<answer>" + "(" * 5000 + "</answer>", "<answer>9^9^9^9^9</answer>",
+                 "<answer>\\frac{1}{0}</answer>", None, "<answer>" + "1" * 100_000 + "</answer>"]:
+        assert isinstance(env.score(task, text), Score)
