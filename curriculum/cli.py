@@ -36,9 +36,12 @@ def profile_with_engines(cfg: ProfileConfig, ks: list[int], factory: Any = None,
     from curriculum.engines import check_profilable, load_envs, local_runner, make_scorer, max_context, ray_runner
     from curriculum.engines import rollout_engine_factory
 
+    from elr_rl.text import TextCodec
+
     factory = factory or rollout_engine_factory
     envs = load_envs(cfg.envs)  # unknown names and bad difficulties fail here, before any engine starts
     check_profilable(envs, cfg.difficulties)
+    codec = TextCodec.load(cfg.checkpoint, cfg.chat)  # tokenizer and chat template, before any engine
     done = ProfileStore(cfg.run_dir, cfg.name).finished()
     if not plan_chunks(profile_pool(cfg), ks, done, cfg.chunk_prompts):
         return run_profile(cfg, ks, lambda chunks: iter(()), progress=progress)  # all done: no engine to start
@@ -52,7 +55,7 @@ def profile_with_engines(cfg: ProfileConfig, ks: list[int], factory: Any = None,
             closers.append(close_scorer)
             generate, shutdown = factory(cfg)
             closers.append(shutdown)
-            runner = local_runner(generate, envs, cfg.samples_per_prompt, score, max_context(cfg))
+            runner = local_runner(generate, envs, cfg.samples_per_prompt, codec, score, max_context(cfg))
         return run_profile(cfg, ks, runner, progress=progress)
     finally:
         for close in reversed(closers):

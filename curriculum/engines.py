@@ -19,6 +19,7 @@ from curriculum.profile import (
     run_chunk,
 )
 from curriculum.routing import Prompt
+from elr_rl.text import TextCodec
 
 # Builds a GenerateFn (and a close() for it) inside the process that will use it.
 GenerateFactory = Callable[[ProfileConfig], tuple[GenerateFn, Callable[[], None]]]
@@ -58,14 +59,15 @@ def max_context(cfg: ProfileConfig) -> int:
 
 
 def local_runner(
-    generate: GenerateFn, envs: dict[str, Any], n: int, score: ScoreFn | None = None, context: int | None = None
+    generate: GenerateFn, envs: dict[str, Any], n: int, codec: TextCodec, score: ScoreFn | None = None,
+    context: int | None = None,
 ) -> ChunkRunner:
     """Run chunks one after another with one generate function in this process."""
     score = score or env_scorer(envs)
 
     def run(chunks: list[tuple[int, list[Prompt]]]) -> Iterator[tuple[list[dict], list[dict]]]:
         for k, prompts in chunks:
-            yield run_chunk(generate, score, envs, prompts, k, n, context)
+            yield run_chunk(generate, score, envs, prompts, k, n, codec, context)
 
     return run
 
@@ -79,9 +81,10 @@ class ProfileWorker:
         self.generate, self._close = factory(cfg)
         self.n = cfg.samples_per_prompt
         self.context = max_context(cfg)
+        self.codec = TextCodec.load(cfg.checkpoint, cfg.chat)
 
     def run(self, k: int, prompts: list[Prompt]) -> tuple[list[dict], list[dict]]:
-        return run_chunk(self.generate, self.score, self.envs, prompts, k, self.n, self.context)
+        return run_chunk(self.generate, self.score, self.envs, prompts, k, self.n, self.codec, self.context)
 
     def close(self) -> None:
         self._close()
@@ -134,15 +137,14 @@ class EngineGenerate:
         self.engine = RolloutEngine(cfg.checkpoint, cache_mode=e.cache_mode, dtype=e.dtype, seed=cfg.seed,
                                     options=options)
         self.cfg = cfg
+        self.stop_token_ids = TextCodec.load(cfg.checkpoint, cfg.chat).stop_token_ids
 
     def __call__(self, contexts: list[list[int]], k: int, n: int) -> list[list[Completion]]:
-        from elr_rl.model.tokenizer import EOS_ID
-
         if k != self.engine.k:
             self.engine.set_k(k)
         c = self.cfg
         groups = self.engine.generate(contexts, n=n, max_tokens=c.max_tokens, temperature=c.temperature,
-                                      top_p=c.top_p, stop_token_ids=[EOS_ID])
+                                      top_p=c.top_p, stop_token_ids=self.stop_token_ids)
         return [[Completion(list(x.token_ids), str(x.finish_reason)) for x in g.completions] for g in groups]
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 from curriculum.passrates import PROFILE_COLUMNS, read_parquet
 from curriculum.routing import Prompt, build_pool
+from elr_rl.text import ChatOptions, TextCodec
 
 
 @dataclass
@@ -86,6 +87,8 @@ class ProfileConfig:
     """Scoring processes (environments.pool.ScoringPool: enforced timeouts); 0 = score in this process."""
     engine: EngineSettings = field(default_factory=EngineSettings)
     """Engine settings."""
+    chat: ChatOptions = field(default_factory=ChatOptions)
+    """How prompts are rendered with the checkpoint's chat template (system prompt, thinking switch)."""
 
     def validate(self) -> None:
         if not self.checkpoint:
@@ -165,35 +168,37 @@ def run_chunk(
     prompts: list[Prompt],
     k: int,
     n: int,
+    codec: TextCodec,
     max_context: int | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Sample n completions per prompt at loop count k (whole episodes for multi-turn
-    environments), score them, count them. Prompt format: `<|bos|> prompt <|sep|>`.
+    environments), score them, count them. Prompts are rendered with the checkpoint's chat
+    template and completions decoded by `codec` (elr_rl.text).
 
     max_context: longest context a later turn of an episode may be sampled from
     (max_model_len - max_tokens); an episode that outgrows it ends there.
     """
-    from elr_rl.model.tokenizer import decode_bytes, encode_prompt
-
     tasks = [envs[p.env].generate(p.seed, p.difficulty) for p in prompts]
-    contexts = [encode_prompt(t.prompt) for t in tasks]
+    contexts = [codec.prompt_ids(t.prompt) for t in tasks]
     first = generate(contexts, k, n)
     if len(first) != len(prompts) or any(len(g) != n for g in first):
         raise RuntimeError(f"generate returned {[len(g) for g in first]} completions, expected {n} each")
     groups: list[list[Sampled]] = [[] for _ in prompts]
     single = [i for i, t in enumerate(tasks) if not envs[t.env].multi_turn]
-    texts = [decode_bytes(c.token_ids) for i in single for c in first[i]]
+    texts = [codec.decode(c.token_ids) for i in single for c in first[i]]
     scores = iter(score([tasks[i] for i in single for _ in first[i]], texts))
+    flat = iter(texts)
     for i in single:
-        groups[i] = [Sampled(decode_bytes(c.token_ids), len(c.token_ids), next(scores)) for c in first[i]]
+        groups[i] = [Sampled(next(flat), len(c.token_ids), next(scores)) for c in first[i]]
     for i, task in enumerate(tasks):
         if envs[task.env].multi_turn:
-            groups[i] = run_episodes(generate, envs[task.env], task, contexts[i], first[i], k, max_context)
+            groups[i] = run_episodes(generate, codec, envs[task.env], task, contexts[i], first[i], k, max_context)
     return count_chunk(prompts, k, groups)
 
 
 def run_episodes(
     generate: GenerateFn,
+    codec: TextCodec,
     env: Any,
     task: Any,
     prompt_ids: list[int],
@@ -209,8 +214,8 @@ def run_episodes(
     from elr_rl.rollout.episodes import play_episodes
     from environments.base import TURN_SEPARATOR
 
-    episodes = play_episodes(lambda ctxs: [g[0] for g in generate(ctxs, k, 1)], env, task, prompt_ids, first,
-                             max_context)
+    episodes = play_episodes(lambda ctxs: [g[0] for g in generate(ctxs, k, 1)], codec, env, task, prompt_ids,
+                             first, max_context)
     return [Sampled(TURN_SEPARATOR.join(ep.turns), ep.model_tokens, ep.score) for ep in episodes]
 
 

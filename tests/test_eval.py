@@ -14,19 +14,19 @@ pytestmark = pytest.mark.slow
 
 def _pytorch_greedy_pass_at_1(ckpt, k: int, seeds: range) -> list[bool]:
     """The same held-out tasks decoded greedily by the PyTorch model and scored by the environment."""
-    from elr_rl.model import EOS_ID, LoopedForCausalLM, decode_bytes, encode_prompt
+    from elr_rl.model import LoopedForCausalLM
+    from elr_rl.text import TextCodec
     from environments.registry import get_env
 
     env = get_env("even_odd")
+    codec = TextCodec.load(ckpt)
     model = LoopedForCausalLM.from_pretrained(ckpt).eval()
     right = []
     for seed in seeds:
         task = env.generate(seed, 1)
-        prompt = torch.tensor([encode_prompt(task.prompt)])
-        out = model.generate(prompt, 32, k=k, cache_mode="per_loop", eos_token_id=EOS_ID)[0, prompt.shape[1]:].tolist()
-        if EOS_ID in out:
-            out = out[: out.index(EOS_ID)]
-        right.append(bool(env.score(task, decode_bytes(out)).accuracy))
+        prompt = torch.tensor([codec.prompt_ids(task.prompt)])
+        out = model.generate(prompt, 32, k=k, cache_mode="per_loop", eos_token_id=codec.stop_token_ids)
+        right.append(bool(env.score(task, codec.decode(out[0, prompt.shape[1]:].tolist())).accuracy))
     return right
 
 

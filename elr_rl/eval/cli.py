@@ -19,9 +19,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--samples", type=int, default=0,
                    help="also estimate sampled pass@1 from this many completions per task (0: greedy only)")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass@1")
+    p.add_argument("--system-prompt", help="a system message before every prompt (chat template)")
+    p.add_argument("--thinking", choices=["on", "off"], help="thinking switch of templates that have one")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     from elr_rl.eval.evaluate import EvalConfig, evaluate, format_table
+    from elr_rl.text import ChatOptions
 
     if not (Path(args.checkpoint) / "config.json").is_file():
         print(f"elr-rl eval: {args.checkpoint!r} is not a checkpoint folder (no config.json)")
@@ -29,7 +32,8 @@ def main(argv: list[str]) -> int:
     try:
         cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], ks=[int(k) for k in args.k.split(",")],
                          difficulty=args.difficulty, num_tasks=args.num_tasks, seed_offset=args.seed_offset,
-                         max_new_tokens=args.max_new_tokens, samples=args.samples, temperature=args.temperature)
+                         max_new_tokens=args.max_new_tokens, samples=args.samples, temperature=args.temperature,
+                         chat=ChatOptions(args.system_prompt, None if args.thinking is None else args.thinking == "on"))
         rows = evaluate(args.checkpoint, cfg)
     except ValueError as exc:
         print(f"elr-rl eval: {exc}")

@@ -13,6 +13,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from elr_rl.text import ChatOptions, TextCodec
+
 
 @dataclass
 class EvalConfig:
@@ -38,6 +40,8 @@ class EvalConfig:
     """Sampling temperature of the sampled pass@1."""
     seed: int = 0
     """Sampling seed of the engine."""
+    chat: ChatOptions = field(default_factory=ChatOptions)
+    """How prompts are rendered with the checkpoint's chat template (system prompt, thinking switch)."""
 
     def validate(self) -> None:
         if not self.envs:
@@ -61,12 +65,13 @@ def held_out_tasks(cfg: EvalConfig) -> dict[str, list]:
 def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[dict[str, Any]]:
     """One row per (env, k): pass@1 (greedy), mean reward, mean response tokens, tasks, and with
     cfg.samples the sampled pass@1 (`pass_at_1_sampled`)."""
-    from elr_rl.model.tokenizer import EOS_ID, decode_bytes, encode_prompt
     from elr_rl.rollout.engine import EngineOptions, RolloutEngine
     from environments.pool import ScoringPool
     from environments.registry import get_env
 
     cfg.validate()
+    codec = TextCodec.load(checkpoint, cfg.chat)  # before the engine: a missing tokenizer fails here
+    stop = codec.stop_token_ids
     tasks = held_out_tasks(cfg)
     engine = RolloutEngine(checkpoint, k=cfg.ks[0], cache_mode="per_loop", seed=cfg.seed,
                            options=EngineOptions(max_model_len=cfg.max_model_len, max_num_seqs=64))
@@ -76,11 +81,11 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
             for k in tqdm(cfg.ks, desc="eval k", disable=not progress):
                 engine.set_k(k)
                 for env_name, env_tasks in tasks.items():
-                    prompts = [encode_prompt(t.prompt) for t in env_tasks]
+                    prompts = [codec.prompt_ids(t.prompt) for t in env_tasks]
                     groups = engine.generate(prompts, n=1, max_tokens=cfg.max_new_tokens, temperature=0.0,
-                                             stop_token_ids=[EOS_ID])
+                                             stop_token_ids=stop)
                     comps = [g.completions[0] for g in groups]
-                    scores = pool.score_many([(env_name, t, decode_bytes(c.token_ids)) for t, c in zip(env_tasks, comps)])
+                    scores = pool.score_many([(env_name, t, codec.decode(c.token_ids)) for t, c in zip(env_tasks, comps)])
                     n = len(scores)
                     row = {
                         "env": env_name, "k": k, "tasks": n,
@@ -90,8 +95,8 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
                     }
                     if cfg.samples:
                         groups = engine.generate(prompts, n=cfg.samples, max_tokens=cfg.max_new_tokens,
-                                                 temperature=cfg.temperature, stop_token_ids=[EOS_ID])
-                        sampled = pool.score_many([(env_name, t, decode_bytes(c.token_ids))
+                                                 temperature=cfg.temperature, stop_token_ids=stop)
+                        sampled = pool.score_many([(env_name, t, codec.decode(c.token_ids))
                                                    for t, g in zip(env_tasks, groups) for c in g.completions])
                         row["pass_at_1_sampled"] = sum(s.accuracy for s in sampled) / len(sampled)
                     rows.append(row)

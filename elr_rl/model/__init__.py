@@ -2,14 +2,11 @@
 
 from elr_rl.model.config import DoryConfig, ElrConfig, LoopSpec, config_from_dict
 from elr_rl.model.modeling import LoopedForCausalLM
-from elr_rl.model.tokenizer import (
-    BOS_ID, EOS_ID, PAD_ID, SEP_ID, VOCAB_SIZE, build_tokenizer, decode_bytes, encode_prompt, encode_response,
-    load_tokenizer, save_tokenizer,
-)
+from elr_rl.model.tokenizer import VOCAB_SIZE, build_tokenizer, load_tokenizer, save_tokenizer
 
 __all__ = [
     "DoryConfig", "ElrConfig", "LoopSpec", "LoopedForCausalLM", "config_from_dict",
-    "build_tokenizer", "load_tokenizer", "save_tokenizer", "encode_prompt", "encode_response", "decode_bytes", "BOS_ID", "EOS_ID", "PAD_ID", "SEP_ID", "VOCAB_SIZE",
+    "build_tokenizer", "load_tokenizer", "save_tokenizer", "VOCAB_SIZE",
 ]
 
 

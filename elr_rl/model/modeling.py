@@ -51,7 +51,9 @@ class Backbone(nn.Module):
         positions: torch.Tensor,  # [..., T]
         core: AttentionCore,
         k: int,
-    ) -> torch.Tensor:
+        readouts: bool = False,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Hidden states after the output block [..., T, d]; with `readouts`, one per loop 1..k."""
         s = self.spec
         n_in, n_rec = s.n_in, s.n_rec
         for layer in self.layers[:n_in]:
@@ -64,9 +66,18 @@ class Backbone(nn.Module):
                 x = layer(x, positions, core, i - 1, mods[j])
             return x
 
-        h = run_loops(h_in, k, recurrent_block, self.update, s.initial_state, s.truncated_backprop)
-        out_mods = self._mods(k, k, range(n_rec, n_rec + s.n_out))
-        for j, layer in enumerate(self.layers[n_in + n_rec :]):
+        states: list[torch.Tensor] = []
+        on_state = (lambda i, st: states.append(st)) if readouts else None
+        h = run_loops(h_in, k, recurrent_block, self.update, s.initial_state, s.truncated_backprop, on_state)
+        if readouts:  # the output block on every loop's state, as a model stopping at loop i would run it
+            return [self.output_block(st, positions, core, i) for i, st in enumerate(states, start=1)]
+        return self.output_block(h, positions, core, k)
+
+    def output_block(self, h: torch.Tensor, positions: torch.Tensor, core: AttentionCore, k: int) -> torch.Tensor:
+        """The output sublayers (conditioned as at loop k of k) and the final norm."""
+        s = self.spec
+        out_mods = self._mods(k, k, range(s.n_rec, s.n_rec + s.n_out))
+        for j, layer in enumerate(self.layers[s.n_in + s.n_rec :]):
             h = layer(h, positions, core, 0, out_mods[j])
         return self.final_norm(h) if self.final_norm is not None else h
 
@@ -153,13 +164,20 @@ class LoopedForCausalLM(nn.Module):
         k: int | None = None,
         positions: torch.Tensor | None = None,  # [B, T]; reset per packed document
         segment_ids: torch.Tensor | None = None,  # [B, T]; attention never crosses documents
-    ) -> torch.Tensor:
-        """Teacher-forced logits [B, T, V] (float32) at loop count k."""
+        loop_readouts: bool = False,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Teacher-forced logits [B, T, V] (float32) at loop count k.
+
+        With `loop_readouts`, one pass of k loops returns k logits tensors: the output block and
+        head applied to the state after each loop (the last one is the plain forward's logits).
+        Without loop conditioning, readout i equals the model run at k = i.
+        """
         k = self._check_k(k)
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
-        h = self.backbone(self.backbone.embeddings(input_ids), positions, DenseCore(positions, segment_ids), k)
-        return self.lm_head(h)
+        core = DenseCore(positions, segment_ids)
+        h = self.backbone(self.backbone.embeddings(input_ids), positions, core, k, readouts=loop_readouts)
+        return [self.lm_head(x) for x in h] if loop_readouts else self.lm_head(h)
 
     def token_logprobs(self, input_ids: torch.Tensor, k: int | None = None, **kw) -> torch.Tensor:
         """log p(x_{t+1} | x_<=t) for every position: [B, T-1]."""
@@ -202,7 +220,7 @@ class LoopedForCausalLM(nn.Module):
         k: int | None = None,
         cache_mode: str | None = None,
         temperature: float = 0.0,
-        eos_token_id: int | None = None,
+        eos_token_id: int | list[int] | tuple[int, ...] | None = None,
         generator: torch.Generator | None = None,
         return_logprobs: bool = False,
         return_cache: bool = False,
@@ -211,6 +229,8 @@ class LoopedForCausalLM(nn.Module):
         the sampled tokens' raw logprobs [B, n] (before temperature, like vLLM's raw_logprobs)."""
         k = self._check_k(k)
         cache = KVCache(cache_mode or self.spec.kv_cache_mode)
+        stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+        stop_t = torch.tensor(stops, dtype=torch.long, device=input_ids.device)
         tokens, logprobs = input_ids, []
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         logits = self._cached_step(input_ids, cache, k)
@@ -221,12 +241,12 @@ class LoopedForCausalLM(nn.Module):
                 nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
             else:
                 nxt = last.argmax(-1)
-            if eos_token_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+            if eos_token_id is not None:  # finished rows repeat their first stop id
+                nxt = torch.where(done, torch.full_like(nxt, stops[0]), nxt)
             logprobs.append(last.log_softmax(-1).gather(-1, nxt[:, None]).squeeze(-1))
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
             if eos_token_id is not None:
-                done |= nxt == eos_token_id
+                done |= torch.isin(nxt, stop_t)
                 if bool(done.all()):
                     break
             if step + 1 < max_new_tokens:

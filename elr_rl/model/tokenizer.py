@@ -1,9 +1,11 @@
 """A byte-level tokenizer built locally (nothing downloaded).
 
 Token ids 0..255 are the bytes; 256.. are special tokens. Saved as
-`tokenizer.json` (+ `tokenizer_config.json`) so `transformers.AutoTokenizer`
-and vLLM both load it from a checkpoint folder. Any byte string round-trips,
-including UTF-8 sequences split across tokens.
+`tokenizer.json` (+ `tokenizer_config.json`, with a chat template of its own, and
+`generation_config.json` with the stop id) so `transformers.AutoTokenizer` and
+`elr_rl.text.TextCodec` load it from a checkpoint folder like any other tokenizer.
+Any byte string round-trips, including UTF-8 sequences split across tokens. Only this
+module and the codec know token ids.
 """
 
 from __future__ import annotations
@@ -46,12 +48,28 @@ def build_tokenizer():
         sep_token="<|sep|>",
         clean_up_tokenization_spaces=False,
     )
+    fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
+# The byte tokenizer's chat template: `<|bos|>`, then each message; the model's turn starts after a
+# `<|sep|>` and ends with `<|eos|>`. A one-turn prompt renders as `<|bos|> prompt <|sep|>`.
+CHAT_TEMPLATE = (
+    "<|bos|>"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}{{ m['content'] }}<|eos|>"
+    "{% else %}{% if m['role'] != 'user' %}{{ m['role'] }}: {% endif %}{{ m['content'] }}<|sep|>{% endif %}"
+    "{% endfor %}"
+)
+
+
 def save_tokenizer(path: str | Path):
+    """Save the byte tokenizer, its chat template and generation_config.json (stop id <|eos|>)."""
+    from elr_rl.text import write_generation_config
+
     tok = build_tokenizer()
     tok.save_pretrained(str(path))
+    write_generation_config(path, tok)
     return tok
 
 
@@ -59,24 +77,3 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
-
-
-# ------------------------------------------------------------------------------------------
-# The prompt/response format shared by SFT, rollouts and evaluation:
-#     <|bos|> prompt-bytes <|sep|> response-bytes <|eos|>
-# The model learns to answer after <|sep|> and to stop with <|eos|>.
-
-
-def encode_prompt(prompt: str) -> list[int]:
-    """Token ids of a prompt, ending in <|sep|>: the model's turn starts right after."""
-    return [BOS_ID, *prompt.encode("utf-8"), SEP_ID]
-
-
-def encode_response(response: str, eos: bool = True) -> list[int]:
-    """Token ids of a response (bytes), closed by <|eos|> unless `eos=False`."""
-    return [*response.encode("utf-8"), *([EOS_ID] if eos else [])]
-
-
-def decode_bytes(ids: list[int]) -> str:
-    """Text of the byte tokens in `ids` (special tokens dropped; invalid UTF-8 replaced)."""
-    return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")

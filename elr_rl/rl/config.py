@@ -11,6 +11,7 @@ from typing import Optional
 
 from curriculum.routing import CurriculumConfig
 from elr_rl.metrics import MetricsConfig
+from elr_rl.text import ChatOptions
 from elr_rl.train.config import EngineConfig, OptimConfig
 
 
@@ -48,6 +49,8 @@ class RolloutConfig:
     """Prompts handed to a worker per generate call (smaller: finer-grained asynchrony)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each worker needs, to place workers on chosen nodes (e.g. {rollout_node: 0.01})."""
+    chat: ChatOptions = field(default_factory=ChatOptions)
+    """How prompts are rendered with the checkpoint's chat template (system prompt, thinking switch)."""
 
     def validate(self) -> None:
         for name in ("num_workers", "group_size", "max_new_tokens", "prompts_per_request"):

@@ -28,6 +28,7 @@ from elr_rl.rl.config import RLConfig
 from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
 from elr_rl.rl.samples import Group, RolloutBuffer, learner_batches, select_samples, take_one_loop_count
 from elr_rl.rl.stats import step_metrics
+from elr_rl.text import TextCodec
 
 log = logging.getLogger("elr_rl.rl")
 
@@ -64,6 +65,8 @@ class Driver:
         from environments.registry import load_env_class
 
         c = self.cfg
+        # The checkpoint's tokenizer and chat template, checked before Ray or any engine starts.
+        TextCodec.load(c.model_path, c.rollout.chat)
         if not ray.is_initialized():
             ray.init(address=c.run.ray_address or "local", num_cpus=c.run.ray_num_cpus, include_dashboard=False,
                      log_to_driver=False, logging_level=logging.WARNING)
@@ -247,10 +250,25 @@ class Driver:
                 self._restart_worker(i, work, exc)
                 continue
             self.rollout_busy_s += reply["busy_s"]
+            self._skip_too_long(reply["skipped"])
             if reply["weight_load_s"]:
                 self.weight_loads.append(reply["weight_load_s"])
             for g in (Group.from_dict(d) for d in reply["groups"]):
                 self._score(g)
+
+    def _skip_too_long(self, skipped: list[dict[str, Any]]) -> None:
+        """Prompts longer than the engine's context were not sampled: count them; fail if nothing fits."""
+        if not skipped:
+            return
+        self.ledger["skipped_prompt_too_long"] += len(skipped)
+        log.warning("%d prompt(s) longer than rollout.max_model_len - rollout.max_new_tokens were skipped "
+                    "(e.g. %s)", len(skipped), skipped[0].get("prompt_id", skipped[0]))
+        if self.ledger["scored"] == 0 and self.ledger["skipped_prompt_too_long"] >= 4 * self.cfg.algo.groups_per_step:
+            raise ValueError(
+                f"config field `rollout.max_model_len`: {self.ledger['skipped_prompt_too_long']} prompts skipped as "
+                f"longer than max_model_len - max_new_tokens = "
+                f"{self.cfg.rollout.max_model_len - self.cfg.rollout.max_new_tokens} tokens and none fitted; "
+                "raise rollout.max_model_len or use shorter prompts")
 
     def _restart_worker(self, i: int, work: list[dict[str, Any]], exc: Exception) -> None:
         """A dead worker: start a new one on the latest weights and re-queue its prompts."""

@@ -3,8 +3,11 @@
 Each call carries (prompt, k) assignments from the curriculum; the worker sets
 its engine's loop count per k (a live change, no restart), samples G
 completions per prompt, and tags every group with the policy version it holds.
-Multi-turn episodes run token-in/token-out: environment text is appended as
-tokens (masked out of the loss), never re-tokenised from decoded text.
+Prompts are rendered with the checkpoint's chat template and completions stop on
+its stop ids (`elr_rl.text.TextCodec`). Multi-turn episodes run token-in/token-out:
+environment turns are appended as template-rendered tokens (masked out of the loss),
+and the model's sampled ids are never re-tokenised from decoded text. A prompt too
+long for the engine's context is not sent: its assignment comes back in `skipped`.
 
 The actor is threaded (`MAX_CONCURRENCY` calls at once) so that new weights
 can arrive while a request is generating: `update_weights` only stages them,
@@ -21,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elr_rl.model.tokenizer import EOS_ID, decode_bytes, encode_prompt
 from elr_rl.rl.config import RolloutConfig
 from elr_rl.rl.samples import Group, Sample
+from elr_rl.text import TextCodec
 
 MAX_CONCURRENCY = 3  # a generate call, a parity logprob call waiting for the engine, and a control call
 
@@ -33,6 +36,7 @@ class RolloutWorker:
         from elr_rl.rollout.engine import EngineOptions, RolloutEngine
 
         self.worker_id, self.cfg, self.version = worker_id, cfg, version
+        self.codec = TextCodec.load(model_path, cfg.chat)
         options = EngineOptions(device=cfg.device, max_model_len=cfg.max_model_len,
                                 max_num_seqs=max(8, cfg.group_size * cfg.prompts_per_request))
         self.engine = RolloutEngine(
@@ -100,6 +104,21 @@ class RolloutWorker:
             self.set_k(k)
             return self.version, self.engine.prompt_logprobs(sequences)
 
+    def validate(self, prompts: list[str], k: int, max_tokens: int) -> list[dict[str, Any]]:
+        """One greedy completion per prompt text at loop count k, with the newest weights (held-out
+        validation, elr_rl/rl/validation.py): `[{"text", "tokens", "finish_reason"}]` in prompt order."""
+        with self._engine_lock:
+            t0 = time.perf_counter()
+            self._load_pending()
+            self.set_k(k)
+            ids = [self.codec.prompt_ids(p) for p in prompts]
+            groups = self.engine.generate(ids, n=1, max_tokens=max_tokens, temperature=0.0,
+                                          stop_token_ids=list(self.codec.stop_token_ids))
+            self.busy_s += time.perf_counter() - t0
+        outs = [g.completions[0] for g in groups]
+        return [{"text": self.codec.decode(c.token_ids), "tokens": len(c.token_ids), "finish_reason": str(c.finish_reason)}
+                for c in outs]
+
     def shutdown(self) -> None:
         got = self._engine_lock.acquire(timeout=30)  # let a running request finish first
         try:
@@ -113,21 +132,24 @@ class RolloutWorker:
     def generate(self, assignments: list[dict[str, Any]]) -> dict[str, Any]:
         """One group of G samples per assignment (as dicts, so they travel without pickling classes).
 
-        Returns {"groups", "busy_s", "weight_load_s"}: the groups, the seconds this call took and the
+        Returns {"groups", "skipped", "busy_s", "weight_load_s"}: the groups, the assignments whose
+        prompt does not fit the engine's context (not sampled), the seconds this call took and the
         seconds spent loading weights since the previous reply.
         """
         with self._engine_lock:
             t0 = time.perf_counter()
-            groups = self._generate(assignments)
+            skipped: list[dict[str, Any]] = []
+            groups = self._generate(assignments, skipped)
             busy = time.perf_counter() - t0
             self.busy_s += busy
             load_s, self._load_s = self._load_s, 0.0
-        return {"groups": [g.to_dict() for g in groups], "busy_s": busy, "weight_load_s": load_s}
+        return {"groups": [g.to_dict() for g in groups], "skipped": skipped, "busy_s": busy, "weight_load_s": load_s}
 
-    def _generate(self, assignments: list[dict[str, Any]]) -> list[Group]:
+    def _generate(self, assignments: list[dict[str, Any]], skipped: list[dict[str, Any]]) -> list[Group]:
         from environments.registry import get_env
 
         groups: list[Group] = []
+        room = self.cfg.max_model_len - self.cfg.max_new_tokens
         by_k: dict[int, list[dict[str, Any]]] = {}
         for a in assignments:
             by_k.setdefault(int(a["k"]), []).append(a)
@@ -137,7 +159,13 @@ class RolloutWorker:
             self.set_k(k)
             envs = [get_env(a["env"]) for a in batch]
             tasks = [env.generate(int(a["seed"]), int(a["difficulty"])) for env, a in zip(envs, batch)]
-            prompts = [encode_prompt(t.prompt) for t in tasks]
+            prompts = [self.codec.prompt_ids(t.prompt) for t in tasks]
+            fits = [len(p) <= room for p in prompts]
+            skipped += [a for a, ok in zip(batch, fits) if not ok]
+            batch, envs, tasks, prompts = (
+                [x for x, ok in zip(xs, fits) if ok] for xs in (batch, envs, tasks, prompts))
+            if not batch:
+                continue
             outs = self._sample(prompts, n=self.cfg.group_size)
             for a, env, task, prompt, completions in zip(batch, envs, tasks, prompts, outs):
                 samples = [self._to_sample(prompt, c) for c in completions]
@@ -151,17 +179,16 @@ class RolloutWorker:
         c = self.cfg
         groups = self.engine.generate(
             prompts, n=n, max_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-            stop_token_ids=[EOS_ID],
+            stop_token_ids=self.codec.stop_token_ids,
         )
         return [g.completions for g in groups]
 
-    @staticmethod
-    def _to_sample(prompt: list[int], completion) -> Sample:
-        ids = list(completion.token_ids)
+    def _to_sample(self, prompt: list[int], completion) -> Sample:
+        ids = list(completion.token_ids)  # the stop id stays in: the policy learns to stop
         return Sample(
             prompt_ids=list(prompt), response_ids=ids, response_mask=[1] * len(ids),
             rollout_logprobs=[float(x) for x in completion.logprobs],
-            finish_reason=str(completion.finish_reason), text=decode_bytes(ids),
+            finish_reason=str(completion.finish_reason), text=self.codec.decode(ids),
         )
 
     def _run_episodes(self, env, task, samples: list[Sample], completions) -> None:
@@ -171,8 +198,8 @@ class RolloutWorker:
 
         prompt = samples[0].prompt_ids
         room = self.cfg.max_model_len - self.cfg.max_new_tokens
-        episodes = play_episodes(lambda ctxs: [g[0] for g in self._sample(ctxs, n=1)], env, task, prompt,
-                                 completions, max_context=room)
+        episodes = play_episodes(lambda ctxs: [g[0] for g in self._sample(ctxs, n=1)], self.codec, env, task,
+                                 prompt, completions, max_context=room)
         for s, ep in zip(samples, episodes):
             s.response_ids, s.response_mask, s.rollout_logprobs = ep.response_ids, ep.response_mask, ep.logprobs
             s.finish_reason, s.text = ep.finish_reason, TURN_SEPARATOR.join(ep.turns)

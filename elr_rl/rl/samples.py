@@ -15,7 +15,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from elr_rl.model.tokenizer import PAD_ID
 from elr_rl.rl import grpo
 
 
@@ -148,9 +147,11 @@ def select_samples(groups: list[Group], std_normalize: bool, dynamic_sampling: b
 
 def _collate(samples: list[TrainSample], scale: float) -> dict[str, torch.Tensor]:
     """Right-padded tensors of one microbatch; an empty list gives one all-masked pad row."""
-    rows = samples or [TrainSample([PAD_ID, PAD_ID], [0, 0], [0.0, 0.0], 0.0, 1)]
+    # Padding sits after each row's tokens and carries no loss, so a causal model never lets it
+    # change a real position: any valid id will do (0 exists in every vocabulary).
+    rows = samples or [TrainSample([0, 0], [0, 0], [0.0, 0.0], 0.0, 1)]
     T = max(len(s.ids) for s in rows)
-    ids = torch.full((len(rows), T), PAD_ID, dtype=torch.long)
+    ids = torch.zeros((len(rows), T), dtype=torch.long)
     mask = torch.zeros(len(rows), T, dtype=torch.float32)
     logp = torch.zeros(len(rows), T, dtype=torch.float32)
     for i, s in enumerate(rows):

@@ -23,9 +23,14 @@ def format_sft_checkpoint(out_dir: str | Path, env_name: str = "even_odd", diffi
     then `warm_steps` on right answers only: a policy a little better than chance, which
     RL then has to sharpen.
     """
-    from elr_rl.model import ElrConfig, LoopedForCausalLM, PAD_ID, encode_prompt, encode_response, save_tokenizer
+    from elr_rl.model import ElrConfig, LoopedForCausalLM, save_tokenizer
+    from elr_rl.text import TextCodec
     from environments.registry import get_env
 
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(out)
+    codec = TextCodec.load(out)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     env = get_env(env_name)
@@ -39,10 +44,10 @@ def format_sft_checkpoint(out_dir: str | Path, env_name: str = "even_odd", diffi
             if random_answers and step < steps:  # right and wrong side by side: the best fit is a coin flip per prompt
                 answers.append(env.bad_answers(task)[0])
             for answer in answers:
-                p, r = encode_prompt(task.prompt), encode_response(answer)
-                rows.append((p + r, [0] * len(p) + [1] * len(r)))
+                x, m = codec.sft_ids(task.prompt, answer)
+                rows.append((x, [int(b) for b in m]))
         T = max(len(ids) for ids, _ in rows)
-        ids = torch.full((len(rows), T), PAD_ID)
+        ids = torch.full((len(rows), T), codec.pad_token_id)
         mask = torch.zeros(len(rows), T)
         for i, (x, m) in enumerate(rows):
             ids[i, : len(x)], mask[i, : len(m)] = torch.tensor(x), torch.tensor(m, dtype=torch.float32)
@@ -52,7 +57,5 @@ def format_sft_checkpoint(out_dir: str | Path, env_name: str = "even_odd", diffi
         opt.zero_grad()
         loss.backward()
         opt.step()
-    out = Path(out_dir)
     model.save_pretrained(out)
-    save_tokenizer(out)
     return out

@@ -1,9 +1,10 @@
 """Multi-turn episodes, token in / token out: one implementation for RL rollouts and profiling.
 
 After each model turn the environment answers (tool output, shell output); its
-text is appended as tokens (`observation bytes + <|sep|>`, masked out of the loss)
-and the model continues from the exact token transcript, never from re-tokenised
-decoded text. An episode ends when the environment says so, when the turn budget is
+text is rendered with the checkpoint's chat template as a tool (or user) message
+plus the next generation prompt (`TextCodec.observation_ids`), appended as tokens
+masked out of the loss, and the model continues from the exact token transcript:
+its own sampled ids are kept as sampled, never re-tokenised from decoded text. An episode ends when the environment says so, when the turn budget is
 spent, when a turn is cut off by the token budget, or when the transcript would no
 longer fit the engine (`max_context`).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from elr_rl.model.tokenizer import SEP_ID, decode_bytes
+from elr_rl.text import TextCodec
 
 
 class TurnCompletion(Protocol):
@@ -38,27 +39,27 @@ class Episode:
     def model_tokens(self) -> int:
         return int(sum(self.response_mask))
 
-    def add_model_turn(self, c: TurnCompletion) -> None:
+    def add_model_turn(self, c: TurnCompletion, codec: TextCodec) -> None:
         self.response_ids += list(c.token_ids)
         self.response_mask += [1] * len(c.token_ids)
         lps = getattr(c, "logprobs", None)  # profiling completions may carry none
         self.logprobs += [float(x) for x in lps] if lps is not None else [0.0] * len(c.token_ids)
-        self.turns.append(decode_bytes(list(c.token_ids)))
+        self.turns.append(codec.decode(list(c.token_ids)))
         self.finish_reason = str(c.finish_reason)
 
-    def add_observation(self, text: str) -> None:
-        obs = [*text.encode("utf-8"), SEP_ID]  # environment text, never trained
+    def add_observation(self, text: str, codec: TextCodec) -> None:
+        obs = codec.observation_ids(text)  # environment text, never trained
         self.response_ids += obs
         self.response_mask += [0] * len(obs)
         self.logprobs += [0.0] * len(obs)
 
 
-def play_episodes(generate: GenerateTurns, env: Any, task: Any, prompt_ids: list[int],
+def play_episodes(generate: GenerateTurns, codec: TextCodec, env: Any, task: Any, prompt_ids: list[int],
                   first: Sequence[TurnCompletion], max_context: int | None = None) -> list[Episode]:
     """Continue each first turn's episode until it ends, then score it with `env.score_episode`."""
     episodes = [Episode([], [], []) for _ in first]
     for ep, c in zip(episodes, first):
-        ep.add_model_turn(c)
+        ep.add_model_turn(c, codec)
     states = [env.reset(task) for _ in first]
     active = list(range(len(first)))
     for turn in range(env.max_turns):
@@ -68,13 +69,13 @@ def play_episodes(generate: GenerateTurns, env: Any, task: Any, prompt_ids: list
             result = env.step(task, states[i], ep.turns[-1])  # untrusted turn: the environment parses it
             if result.done or turn == env.max_turns - 1 or ep.finish_reason == "length":
                 continue
-            ep.add_observation(result.observation)
+            ep.add_observation(result.observation, codec)
             if max_context is None or len(prompt_ids) + len(ep.response_ids) < max_context:
                 still.append(i)
         if not still:
             break
         for i, c in zip(still, generate([prompt_ids + episodes[i].response_ids for i in still])):
-            episodes[i].add_model_turn(c)
+            episodes[i].add_model_turn(c, codec)
         active = still
     for ep, state in zip(episodes, states):
         ep.score = env.score_episode(task, state)

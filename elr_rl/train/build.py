@@ -76,10 +76,13 @@ def build_model(spec: ModelSpec, model_cfg: Any, seed: int) -> torch.nn.Module:
     return model
 
 
-def build_tokenizer_for(spec: ModelSpec):
-    """The checkpoint's tokenizer when it has one, else the project's byte-level tokenizer."""
-    from elr_rl.model import build_tokenizer, load_tokenizer
+def build_codec_for(spec: ModelSpec, chat: Any, vocab_size: int):
+    """The text codec of the run: `model.tokenizer`, else init_from's, else the byte-level tokenizer."""
+    from elr_rl.text import TextCodec
 
-    if spec.init_from is not None and (Path(spec.init_from) / "tokenizer.json").is_file():
-        return load_tokenizer(spec.init_from)
-    return build_tokenizer()
+    folder = spec.tokenizer or spec.init_from
+    codec = TextCodec.byte_level(chat) if folder is None else TextCodec.load(folder, chat)
+    if codec.vocab_size > vocab_size:
+        raise ValueError(f"config field `model.overrides.vocab_size`: the tokenizer of {codec.source} has "
+                         f"{codec.vocab_size} tokens but the model only {vocab_size}; raise vocab_size")
+    return codec

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from elr_rl.metrics import MetricsConfig
+from elr_rl.text import ChatOptions
 
 STAGES = ("pretrain", "sft")
 FAMILIES = ("elr", "dory")
@@ -39,12 +40,18 @@ class ModelSpec:
     """Directory of a Hugging Face-layout checkpoint to start from (config.json + model.safetensors)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Model config fields to override (e.g. {hidden_size: 128, truncated_backprop: 2})."""
+    tokenizer: Optional[str] = None
+    """Folder with tokenizer files (tokenizer.json, tokenizer_config.json with a chat template, optional
+    generation_config.json) for a model trained from scratch; None: init_from's tokenizer, else the
+    byte-level one. The model's vocab_size must cover it."""
 
     def validate(self) -> None:
         if self.family not in FAMILIES:
             _fail("model.family", f"got {self.family!r}", f"use one of {FAMILIES}")
         if self.init_from is not None and not Path(self.init_from).is_dir():
             _fail("model.init_from", f"directory {self.init_from!r} does not exist", "pass a checkpoint directory")
+        if self.tokenizer is not None and not Path(self.tokenizer).is_dir():
+            _fail("model.tokenizer", f"directory {self.tokenizer!r} does not exist", "pass a tokenizer folder")
 
 
 @dataclass
@@ -173,6 +180,11 @@ class LoopConfig:
     truncated_backprop: Optional[int] = None
     """Only the last n loops carry gradients (sets the model's truncated_backprop); None backpropagates
     through every loop."""
+    difficulty_aware: bool = False
+    """Difficulty-aware loop sampling, for small models where depth must be taught: a microbatch runs at
+    least as many loops as the serial steps its hardest document needs (capped at K; documents from
+    ladder environments carry that count), so no instance is trained at a depth that cannot solve it.
+    Off: k is drawn as `mode` says, whatever the documents."""
 
     def validate(self) -> None:
         if self.max_loops is not None and self.max_loops < 1:
@@ -187,6 +199,35 @@ class LoopConfig:
             _fail("loops.fixed_k", f"got {self.fixed_k}", "use 1 or more")
         if self.truncated_backprop is not None and self.truncated_backprop < 1:
             _fail("loops.truncated_backprop", f"got {self.truncated_backprop}", "use n >= 1 loops, or null for all")
+
+
+LOOP_AUX_TARGETS = ("final", "steps")
+
+
+@dataclass
+class LoopAuxConfig:
+    """Loop-wise auxiliary loss (off by default), for small models where depth must be taught: one forward
+    at the microbatch's k reads out logits after every loop (the output block and head applied to each
+    loop's state) and adds `weight` x the mean cross entropy of the readouts of loops 1..k-1 to the loss
+    of the last one. Without loop conditioning the readout after loop i is exactly the model run at k = i,
+    so the loss trains every shallower depth from one pass."""
+
+    weight: float = 0.0
+    """Weight of the readouts' mean loss; 0 turns the option off (the plain loss at k)."""
+    targets: str = "final"
+    """final: every readout predicts the document's own targets. steps: loop i predicts the answer after
+    min(i, D) serial steps of a document that carries per-step targets (a ladder environment's task with
+    D steps), so each loop learns one more step; other documents keep their own targets."""
+
+    def validate(self) -> None:
+        if self.weight < 0:
+            _fail("loop_aux.weight", f"got {self.weight}", "use 0 (off) or a positive weight")
+        if self.targets not in LOOP_AUX_TARGETS:
+            _fail("loop_aux.targets", f"got {self.targets!r}", f"use one of {LOOP_AUX_TARGETS}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.weight > 0
 
 
 @dataclass
@@ -219,6 +260,8 @@ class DataConfig:
     each prompt at a coin flip: an SFT start from which RL, not imitation, finds the right answers."""
     seed: int = 0
     """Seed of the document stream (held-out data uses a disjoint stream)."""
+    chat: ChatOptions = field(default_factory=ChatOptions)
+    """How prompt/response documents are rendered with the chat template (system prompt, thinking switch)."""
 
     def validate(self) -> None:
         if self.seq_len < 8:
@@ -298,6 +341,7 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     loops: LoopConfig = field(default_factory=LoopConfig)
+    loop_aux: LoopAuxConfig = field(default_factory=LoopAuxConfig)
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -305,6 +349,7 @@ class TrainConfig:
     def validate(self) -> None:
         if self.stage not in STAGES:
             _fail("stage", f"got {self.stage!r}", f"use one of {STAGES}")
-        for part in (self.model, self.optim, self.schedule, self.engine, self.dist, self.loops, self.data, self.run):
+        for part in (self.model, self.optim, self.schedule, self.engine, self.dist, self.loops, self.loop_aux,
+                     self.data, self.run):
             part.validate()
         check_rank_uniform_depth(self, self.dist.world_size)

@@ -12,7 +12,7 @@ so a data cursor is just an integer and resume is exact. Three kinds:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -25,6 +25,7 @@ class Document:
 
     prompt: str
     response: str
+    source: str = ""  # the generator, environment or files it came from (for per-source counts)
 
 
 class DocumentSource(Protocol):
@@ -127,8 +128,8 @@ class EnvironmentSource:
         prompt, response = split_worked(task, self.env.worked_solution(task))
         if second and random.Random(f"{self.seed}:{index}").random() < 2 * self.wrong_answer_fraction:
             response = self.env.bad_answers(task)[0]  # well-formed, scores 0
-        # The rollout format: tokenize_document puts <|sep|> between prompt and response, exactly as
-        # elr_rl.model.encode_prompt does for rollouts, so no newline padding on either side.
+        # Rendered by the chat template as a user turn and an assistant turn, exactly as rollouts render
+        # prompts (elr_rl.text), so no newline padding on either side.
         return Document(prompt.rstrip("\n"), response.strip("\n"))
 
 
@@ -190,8 +191,17 @@ class MixedSource:
         difficulty = int(rng.integers(self.lo, self.hi + 1))
         if use_file:
             assert self.files is not None
-            return self.files.document(index, difficulty)
-        return self.generators[int(rng.integers(len(self.generators)))].document(index, difficulty)
+            src = self.files
+        else:
+            src = self.generators[int(rng.integers(len(self.generators)))]
+        return replace(src.document(index, difficulty), source=src.name)
+
+    def sample_by_source(self, n: int) -> dict[str, list[Document]]:
+        """n documents of every source (difficulties cycling over the range), for pre-flight checks."""
+        sources = [*self.generators, *([self.files] if self.files is not None else [])]
+        span = self.hi - self.lo + 1
+        return {src.name: [replace(src.document(i, self.lo + i % span), source=src.name) for i in range(n)]
+                for src in sources}
 
 
 def build_source(data_cfg, stage: str, heldout: bool = False) -> MixedSource:

@@ -5,6 +5,13 @@ Packed sequences carry `segment_ids` (attention never crosses documents) and
 are the next token inside the same segment, or -100 (no loss) at document ends,
 padding, and (SFT) prompt tokens.
 
+Text becomes tokens only through the checkpoint's `TextCodec` (elr_rl.text): SFT
+documents are rendered with the chat template and trained on the assistant's
+tokens. An SFT document longer than a sequence is never truncated (that would
+train a response without its end): it is skipped and counted per source
+(`Packer.dropped`), and `preflight` measures before training, per source, how many
+responses fit whole and how many supervised tokens a sequence carries.
+
 Each rank packs its own shard of the document stream (documents j = rank,
 rank + W, ...), so ranks never exchange data; a packer's state is the next
 document index plus the unfinished remainder, which makes resume exact.
@@ -12,32 +19,33 @@ document index plus the unfinished remainder, which makes resume exact.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from elr_rl.text import TextCodec
 from elr_rl.train.corpus import Document, MixedSource
 
 IGNORE_INDEX = -100
+# An SFT stream that skips this many documents in a row has nothing that fits a sequence.
+MAX_SKIPS_IN_A_ROW = 1000
 
 
-def tokenize_document(doc: Document, tokenizer: Any, stage: str) -> tuple[list[int], list[bool]]:
-    """ids = [bos] + prompt + [sep] + response + [eos]; mask[t] says token t is a training target.
+def tokenize_document(doc: Document, codec: TextCodec, stage: str) -> tuple[list[int], list[bool]]:
+    """(ids, mask): mask[t] says token t is a training target.
 
-    The rollout format (elr_rl.model.tokenizer.encode_prompt / encode_response): the model's
-    turn starts after <|sep|>. Pretraining: every token after bos is a target. SFT: only
-    response tokens and eos.
+    A document with a prompt is a conversation rendered with the chat template, exactly as
+    rollouts render prompts. SFT trains on the assistant's tokens (through its end-of-turn
+    token); pretraining on every token after the first. Plain text (no prompt): [bos] text [eos].
     """
-    p = tokenizer.encode(doc.prompt, add_special_tokens=False) if doc.prompt else []
-    if p and tokenizer.sep_token_id is not None:
-        p = [*p, tokenizer.sep_token_id]
-    r = tokenizer.encode(doc.response, add_special_tokens=False)
-    ids = [tokenizer.bos_token_id, *p, *r, tokenizer.eos_token_id]
+    if doc.prompt:
+        ids, mask = codec.sft_ids(doc.prompt, doc.response)
+    else:
+        ids = codec.pretrain_ids(doc.response)
+        mask = [True] * len(ids)
     if stage == "pretrain":
         mask = [False] + [True] * (len(ids) - 1)
-    else:
-        mask = [False] * (1 + len(p)) + [True] * (len(r) + 1)
     return ids, mask
 
 
@@ -56,18 +64,20 @@ class Packer:
 
     split_documents=True (pretraining): a document that does not fit is cut and its remainder
     starts the next sequence as a new segment. False (SFT): a document that does not fit starts
-    the next sequence (the current one is padded), and one longer than seq_len is truncated, so a
-    response is never separated from its prompt.
+    the next sequence (the current one is padded), and one longer than seq_len is skipped and
+    counted in `dropped` (per source), so a response is never cut or separated from its prompt.
     """
 
     source: MixedSource
-    tokenizer: Any
+    codec: TextCodec
     seq_len: int
     stage: str
     rank: int = 0
     world_size: int = 1
     next_doc: int = -1
     pending: list = field(default_factory=list)  # [ids, mask] of an unfinished document, or []
+    dropped: Counter = field(default_factory=Counter)  # source -> SFT documents skipped as too long
+    kept: Counter = field(default_factory=Counter)  # source -> documents packed
 
     def __post_init__(self) -> None:
         if self.next_doc < 0:
@@ -82,9 +92,18 @@ class Packer:
             ids, mask = self.pending
             self.pending = []
             return ids, mask
-        doc = self.source.document(self.next_doc)
-        self.next_doc += self.world_size
-        return tokenize_document(doc, self.tokenizer, self.stage)
+        for _ in range(MAX_SKIPS_IN_A_ROW):
+            doc = self.source.document(self.next_doc)
+            self.next_doc += self.world_size
+            ids, mask = tokenize_document(doc, self.codec, self.stage)
+            if self.split_documents or len(ids) <= self.seq_len:
+                self.kept[doc.source] += 1
+                return ids, mask
+            self.dropped[doc.source] += 1  # SFT: never truncate a response
+        raise ValueError(
+            f"config field `data.seq_len`: {MAX_SKIPS_IN_A_ROW} documents in a row are longer than "
+            f"seq_len={self.seq_len} tokens (last: {doc.source}, {len(ids)} tokens); raise data.seq_len"
+        )
 
     def next_sequence(self) -> dict[str, list[int]]:
         """One packed sequence: input_ids, positions, segment_ids, labels (each seq_len long)."""
@@ -101,11 +120,9 @@ class Packer:
                 if self.split_documents:
                     self.pending = [d_ids[room:], d_mask[room:]]
                     d_ids, d_mask = d_ids[:room], d_mask[:room]
-                elif ids:  # SFT: keep the document whole for the next sequence
+                else:  # SFT: keep the document whole for the next sequence
                     self.pending = [d_ids, d_mask]
                     break
-                else:  # SFT document longer than a sequence: truncate
-                    d_ids, d_mask = d_ids[:room], d_mask[:room]
             ids += d_ids
             mask += d_mask
             segs += [seg] * len(d_ids)
@@ -113,7 +130,7 @@ class Packer:
             seg += 1
         pad = T - len(ids)
         if pad:  # padding is its own segment: no document attends to it, it has no loss
-            ids += [self.tokenizer.pad_token_id] * pad
+            ids += [self.codec.pad_token_id] * pad
             mask += [False] * pad
             segs += [seg] * pad
             pos += list(range(pad))
@@ -125,15 +142,60 @@ class Packer:
         return {key: torch.tensor([r[key] for r in rows], dtype=torch.long) for key in rows[0]}
 
     def state_dict(self) -> dict:
-        return {"next_doc": self.next_doc, "pending": [list(x) for x in self.pending]}
+        return {"next_doc": self.next_doc, "pending": [list(x) for x in self.pending],
+                "dropped": dict(self.dropped), "kept": dict(self.kept)}
 
     def load_state_dict(self, state: dict) -> None:
         self.next_doc = int(state["next_doc"])
         self.pending = [list(x) for x in state["pending"]]
+        self.dropped = Counter(state.get("dropped", {}))
+        self.kept = Counter(state.get("kept", {}))
 
 
-def fixed_batches(source: MixedSource, tokenizer: Any, seq_len: int, stage: str, batch_size: int,
+def fixed_batches(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, batch_size: int,
                   n_batches: int) -> list[dict[str, torch.Tensor]]:
     """A fixed list of batches (held-out evaluation): the same on every rank and every call."""
-    packer = Packer(source, tokenizer, seq_len, stage)
+    packer = Packer(source, codec, seq_len, stage)
     return [packer.next_batch(batch_size) for _ in range(n_batches)]
+
+
+@dataclass
+class SourceReport:
+    """What one document source gives the packer, measured on a sample of its documents."""
+
+    source: str
+    documents: int
+    mean_tokens: float  # whole document
+    max_tokens: int
+    kept_whole: float  # share of documents that fit a sequence whole (SFT: the rest are skipped)
+    supervised_per_sequence: float  # loss-carrying tokens per packed sequence, from what fits
+
+    def line(self) -> str:
+        return (f"{self.source}: {self.documents} documents sampled, {self.mean_tokens:.0f} tokens on average "
+                f"(max {self.max_tokens}), {self.kept_whole:.0%} fit a sequence whole, "
+                f"~{self.supervised_per_sequence:.0f} supervised tokens per sequence")
+
+
+def preflight(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, n: int = 64) -> list[SourceReport]:
+    """Per source: token lengths, the share of documents kept whole, supervised tokens per sequence.
+
+    SFT: a source none of whose sampled documents fits a sequence is an error (its responses
+    would all be skipped), naming the length that would fit.
+    """
+    reports = []
+    for name, docs in source.sample_by_source(n).items():
+        enc = [tokenize_document(d, codec, stage) for d in docs]
+        lengths = [len(ids) for ids, _ in enc]
+        fit = [(ids, mask) for ids, mask in enc if len(ids) <= seq_len] if stage != "pretrain" else enc
+        tokens = sum(len(ids) for ids, _ in fit)
+        supervised = sum(sum(mask) for _, mask in fit)
+        sequences = max(1.0, tokens / seq_len) if fit else 1.0
+        rep = SourceReport(name, len(docs), sum(lengths) / len(lengths), max(lengths), len(fit) / len(enc),
+                           supervised / sequences if fit else 0.0)
+        if stage != "pretrain" and not fit:
+            raise ValueError(
+                f"config field `data.seq_len`: no sampled document of {name} fits seq_len={seq_len} tokens "
+                f"(shortest {min(lengths)}, longest {max(lengths)}); raise data.seq_len to at least {max(lengths)}"
+            )
+        reports.append(rep)
+    return reports

@@ -15,6 +15,7 @@ resumed run repeats the uninterrupted run's losses.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,10 +87,10 @@ class Trainer:
     """One rank's training run (engine, data, loop sampler, metrics, checkpoints)."""
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, local_rank: int | None = None) -> None:
-        from elr_rl.train.build import build_model, build_model_config, build_tokenizer_for
+        from elr_rl.train.build import build_codec_for, build_model, build_model_config
         from elr_rl.train.config import check_rank_uniform_depth
         from elr_rl.train.corpus import build_source
-        from elr_rl.train.data import Packer, fixed_batches
+        from elr_rl.train.data import Packer, fixed_batches, preflight
         from elr_rl.train.engine import TrainEngine
         from elr_rl.train.sampler import LoopSampler
 
@@ -97,14 +98,19 @@ class Trainer:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.out = Path(cfg.run.output_dir)
         self.model_cfg = build_model_config(cfg.model, cfg.loops)
-        self.tokenizer = build_tokenizer_for(cfg.model)
+        self.codec = build_codec_for(cfg.model, cfg.data.chat, self.model_cfg.vocab_size)
         model = build_model(cfg.model, self.model_cfg, cfg.run.seed)
         self.K = model.spec.max_loops
         self.has_loop_cond = model.backbone.loop_cond is not None
         self.engine = TrainEngine(self.model_cfg, cfg, rank, world_size, model=model, local_rank=local_rank)
         d = cfg.data
-        self.packer = Packer(build_source(d, cfg.stage), self.tokenizer, d.seq_len, cfg.stage, rank, world_size)
-        self.heldout = fixed_batches(build_source(d, cfg.stage, heldout=True), self.tokenizer, d.seq_len, cfg.stage,
+        source = build_source(d, cfg.stage)
+        self.preflight = preflight(source, self.codec, d.seq_len, cfg.stage)  # nothing that fits: an error here
+        if rank == 0:
+            for report in self.preflight:
+                print(f"[data] {report.line()}", flush=True)
+        self.packer = Packer(source, self.codec, d.seq_len, cfg.stage, rank, world_size)
+        self.heldout = fixed_batches(build_source(d, cfg.stage, heldout=True), self.codec, d.seq_len, cfg.stage,
                                      cfg.engine.micro_batch_size, cfg.run.eval_batches)
         self.sampler = LoopSampler(cfg.loops, self.K, cfg.run.seed, rank, world_size, cfg.run.total_steps)
         self.state = RunState()
@@ -142,7 +148,7 @@ class Trainer:
         name = f"step_{step:07d}"
         path = self.out / "checkpoints" / name
         client = {"step": step, "packers": packers, "sampler": self.sampler.state_dict(), "torch_rng": rngs}
-        self.engine.save(path, client, tokenizer=self.tokenizer)
+        self.engine.save(path, client, tokenizer=self.codec)
         _barrier(self.world_size)
         if self.rank == 0:
             (self.out / "checkpoints" / "latest").write_text(name)
@@ -192,11 +198,21 @@ class Trainer:
         self._delay_phase(step)
         micro = [self.packer.next_batch(c.engine.micro_batch_size) for _ in range(c.engine.grad_accum_steps)]
         ks = [self.sampler.k(step, i) for i in range(len(micro))]
+        if c.loops.difficulty_aware:  # k >= the serial steps the microbatch's hardest document needs
+            from elr_rl.train.loopwise import difficulty_aware_k
+
+            ks = [difficulty_aware_k(k, int(mb["steps"].max()) if "steps" in mb else 0, self.K)
+                  for k, mb in zip(ks, micro)]
         stats = self.engine.train_step(micro, ks, lr_at(step, c.run.total_steps, c.optim.lr, c.schedule))
         stats["ks"] = ks
+        stats["data_dropped"] = dict(self.packer.dropped)
         gathered = _all_gather(stats, self.world_size)
         tokens = c.engine.micro_batch_size * c.engine.grad_accum_steps * self.world_size * c.data.seq_len
-        return step_metrics(gathered, tokens, time.perf_counter() - t0)
+        row = step_metrics(gathered, tokens, time.perf_counter() - t0)
+        dropped = sum((Counter(g["data_dropped"]) for g in gathered), Counter())
+        for src, n in dropped.items():  # SFT documents longer than a sequence: skipped, never truncated
+            row[f"data/dropped_too_long/{src}"] = n
+        return row
 
     def run(self) -> dict[str, Any]:
         """Train to run.total_steps (or run.stop_after_steps); rank 0 returns a summary."""
@@ -232,8 +248,13 @@ class Trainer:
             last_eval = self.evaluate()
             self.log(self.state.step, {})
         ckpt = self.save(self.state.step)
+        dropped = {k.split("/", 2)[2]: v for k, v in (history[-1] if history else {}).items()
+                   if k.startswith("data/dropped_too_long/")}
+        if self.rank == 0 and dropped:
+            print(f"[data] SFT documents skipped as longer than data.seq_len={self.cfg.data.seq_len}: {dropped}")
         return {"step": self.state.step, "checkpoint": str(ckpt), "eval": last_eval,
-                "losses": [h["loss/mean"] for h in history], "tokens_per_s": tokens / max(elapsed, 1e-9)}
+                "losses": [h["loss/mean"] for h in history], "tokens_per_s": tokens / max(elapsed, 1e-9),
+                "dropped_too_long": dropped, "preflight": [vars(r) for r in self.preflight]}
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -16,7 +16,8 @@ from curriculum.engines import local_runner
 from curriculum.passrates import PROFILE_COLUMNS, read_parquet, read_profile_rows
 from curriculum.profile import Completion, ProfileConfig, ProfileStore, profile_pool, run_profile, summarize
 from curriculum.routing import CurriculumConfig, LoopRouter, pool_from_profile
-from elr_rl.model.tokenizer import EOS_ID, SEP_ID, decode_bytes, encode_response
+from elr_rl.model import save_tokenizer
+from elr_rl.text import TextCodec
 from environments.agentic.tool_db_workflow import ToolDbWorkflow
 from environments.single.arith_multidigit import ArithMultidigit
 from environments.single.expr_eval import ExprEval
@@ -24,6 +25,15 @@ from environments.single.expr_eval import ExprEval
 ENVS = {"arith_multidigit": ArithMultidigit(), "expr_eval": ExprEval(), "tool_db_workflow": ToolDbWorkflow()}
 E = len(ENVS)  # pools below: E envs x 2 difficulties x seeds
 WRONG_TURN = "I am not sure what to do."  # not an action: the environment answers with a format message
+CODEC = TextCodec.byte_level()  # the checkpoints below carry the byte tokenizer and its chat template
+
+
+def _turns(context: list[int]) -> tuple[str, list[str]]:
+    """(prompt, model turns so far) of a context rendered by the byte chat template:
+    <|bos|> prompt <|sep|> (model turn <|eos|> tool: observation <|sep|>)*"""
+    text = CODEC.tokenizer.decode(context, skip_special_tokens=False)
+    prompt, *rest = text.removeprefix("<|bos|>").split("<|sep|>")
+    return prompt, [part.split("<|eos|>")[0] for part in rest[:-1]]
 
 
 def _correct(prompt: str, k: int, i: int) -> bool:
@@ -52,27 +62,26 @@ class ScriptedPolicy:
             return env.reference_turns(task)[0] if ok else WRONG_TURN
         return env.reference_solution(task) if ok else env.bad_answers(task)[0]
 
-    def _later(self, task, context: list[int], turn: int) -> str:
-        env, after = ENVS[task.env], context[context.index(SEP_ID) + 1 :]
-        ref = env.reference_turns(task)
-        played_ref = decode_bytes(after[: after.index(EOS_ID)]) == ref[0]
-        return ref[turn] if played_ref and turn < len(ref) else WRONG_TURN
+    def _later(self, task, model_turns: list[str], turn: int) -> str:
+        ref = ENVS[task.env].reference_turns(task)
+        return ref[turn] if model_turns[0] == ref[0] and turn < len(ref) else WRONG_TURN
 
     def __call__(self, contexts: list[list[int]], k: int, n: int) -> list[list[Completion]]:
         out = []
         for ctx in contexts:
-            task = self.tasks[decode_bytes(ctx[1 : ctx.index(SEP_ID)])]
-            turn = ctx.count(SEP_ID) - 1
+            prompt, model_turns = _turns(ctx)
+            task, turn = self.tasks[prompt], len(model_turns)
             if turn == 0:
                 self.asked.append((task.id, k))
                 texts = [self._first(task, k, i) for i in range(n)]
             else:
-                texts = [self._later(task, ctx, turn)] * n
-            out.append([Completion(encode_response(t)) for t in texts])
+                texts = [self._later(task, model_turns, turn)] * n
+            out.append([Completion(CODEC.encode_text(t) + [CODEC.stop_token_ids[0]]) for t in texts])
         return out
 
 
 def _cfg(tmp_path, **kw) -> ProfileConfig:
+    save_tokenizer(tmp_path)  # the "checkpoint" folder: what the profile reads is its tokenizer
     base = dict(checkpoint=str(tmp_path), run_dir=str(tmp_path / "run"), envs=list(ENVS), difficulties=[1, 2],
                 seeds_per_difficulty=5, samples_per_prompt=6, chunk_prompts=4, save_samples=True)
     base.update(kw)
@@ -82,7 +91,7 @@ def _cfg(tmp_path, **kw) -> ProfileConfig:
 def test_table_counts_equal_direct_count(tmp_path):
     cfg = _cfg(tmp_path)
     policy = ScriptedPolicy(cfg)
-    rows = run_profile(cfg, [1, 3], local_runner(policy, ENVS, cfg.samples_per_prompt), progress=False)
+    rows = run_profile(cfg, [1, 3], local_runner(policy, ENVS, cfg.samples_per_prompt, CODEC), progress=False)
     assert len(rows) == E * 2 * 5 * 2
     table = read_profile_rows(tmp_path / "run" / "profile" / "profile.parquet")
     assert read_profile_rows(tmp_path / "run") == table  # a run directory means its newest table
@@ -110,7 +119,7 @@ def test_table_counts_equal_direct_count(tmp_path):
 def test_interrupted_profile_resumes_without_repeating(tmp_path):
     cfg = _cfg(tmp_path)
     first = ScriptedPolicy(cfg)
-    runner = local_runner(first, ENVS, cfg.samples_per_prompt)
+    runner = local_runner(first, ENVS, cfg.samples_per_prompt, CODEC)
 
     def interrupted(chunks):
         for i, out in enumerate(runner(chunks)):
@@ -125,22 +134,22 @@ def test_interrupted_profile_resumes_without_repeating(tmp_path):
     assert len(finished) == 3 * 4 and not store.table_path.exists()
 
     second = ScriptedPolicy(cfg)
-    rows = run_profile(cfg, [1, 2], local_runner(second, ENVS, cfg.samples_per_prompt), progress=False)
+    rows = run_profile(cfg, [1, 2], local_runner(second, ENVS, cfg.samples_per_prompt, CODEC), progress=False)
     assert not finished & set(second.asked)
     assert len(second.asked) == E * 20 - 12
     assert {(r["prompt_id"], r["k"]) for r in rows} == {(p.prompt_id, k) for p in profile_pool(cfg) for k in (1, 2)}
     assert len(rows) == E * 20
     # a third run finds nothing to do
     third = ScriptedPolicy(cfg)
-    assert run_profile(cfg, [1, 2], local_runner(third, ENVS, 6), progress=False) == rows and not third.asked
+    assert run_profile(cfg, [1, 2], local_runner(third, ENVS, 6, CODEC), progress=False) == rows and not third.asked
 
 
 def test_resume_with_other_settings_is_refused_but_growing_is_fine(tmp_path):
     cfg = _cfg(tmp_path, seeds_per_difficulty=2)
-    run_profile(cfg, [1], local_runner(ScriptedPolicy(cfg), ENVS, 6), progress=False)
+    run_profile(cfg, [1], local_runner(ScriptedPolicy(cfg), ENVS, 6, CODEC), progress=False)
     other = _cfg(tmp_path, seeds_per_difficulty=2, samples_per_prompt=4)
     with pytest.raises(ValueError, match="samples_per_prompt"):
-        run_profile(other, [1], local_runner(ScriptedPolicy(other), ENVS, 4), progress=False)
+        run_profile(other, [1], local_runner(ScriptedPolicy(other), ENVS, 4, CODEC), progress=False)
     # the CLI refuses it too, before touching the run directory's config record
     (tmp_path / "config.json").write_text('{"max_loops": 2}')
     cfg_file = tmp_path / "p.yaml"
@@ -150,7 +159,7 @@ def test_resume_with_other_settings_is_refused_but_growing_is_fine(tmp_path):
     # growing the job (more seeds, another k) profiles only the new pairs
     grown = _cfg(tmp_path, seeds_per_difficulty=3)
     policy = ScriptedPolicy(grown)
-    rows = run_profile(grown, [1, 2], local_runner(policy, ENVS, 6), progress=False)
+    rows = run_profile(grown, [1, 2], local_runner(policy, ENVS, 6, CODEC), progress=False)
     assert len(rows) == E * 2 * 3 * 2 and len(policy.asked) == len(rows) - E * 2 * 2
 
 
@@ -210,6 +219,6 @@ def test_ray_workers_share_the_chunks(tmp_path, ray_local):
     finally:
         shutdown()
     local_cfg = _cfg(tmp_path / "local", **small)
-    local = run_profile(local_cfg, [1, 2], local_runner(ScriptedPolicy(local_cfg), ENVS, 6), progress=False)
+    local = run_profile(local_cfg, [1, 2], local_runner(ScriptedPolicy(local_cfg), ENVS, 6, CODEC), progress=False)
     strip = lambda rs: sorted((r["prompt_id"], r["k"], r["successes"]) for r in rs)  # noqa: E731
     assert len(rows) == 2 * 2 * 3 * 2 and strip(rows) == strip(local)

@@ -57,14 +57,15 @@ class Counting:
         self.engine, self.fail_after, self.calls, self.asked = engine, fail_after, 0, []
 
     def __call__(self, contexts, k, n):
-        from elr_rl.model.tokenizer import SEP_ID, decode_bytes
+        from elr_rl.text import TextCodec
 
         # a chunk's first call holds first turns only (<|bos|> prompt <|sep|>); episode turns carry more <|sep|>s
-        if all(c.count(SEP_ID) == 1 for c in contexts):
+        texts = [TextCodec.byte_level().tokenizer.decode(c) for c in contexts]
+        if all(t.count("<|sep|>") == 1 for t in texts):
             if self.fail_after is not None and self.calls >= self.fail_after:
                 raise KeyboardInterrupt  # the job is killed as it starts a chunk
             self.calls += 1
-            self.asked += [(decode_bytes(c), k) for c in contexts]
+            self.asked += [(t, k) for t in texts]
         return self.engine(contexts, k, n)
 
     def factory(self, cfg):

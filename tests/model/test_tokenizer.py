@@ -1,6 +1,7 @@
 import random
 
-from elr_rl.model import BOS_ID, EOS_ID, VOCAB_SIZE, build_tokenizer, load_tokenizer, save_tokenizer
+from elr_rl.model import VOCAB_SIZE, build_tokenizer, load_tokenizer, save_tokenizer
+from elr_rl.model.tokenizer import BOS_ID, EOS_ID
 
 
 def test_round_trips_arbitrary_utf8(tmp_path):

@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
-from elr_rl.model import ElrConfig, LoopedForCausalLM, build_tokenizer
+from elr_rl.model import ElrConfig, LoopedForCausalLM
+from elr_rl.text import TextCodec
 from elr_rl.train.config import DataConfig
 from elr_rl.train.corpus import GENERATORS, Document, MixedSource, build_source
-from elr_rl.train.data import IGNORE_INDEX, Packer, tokenize_document
+from elr_rl.train.data import IGNORE_INDEX, Packer, preflight, tokenize_document
 from elr_rl.train.engine import cross_entropy_loss
 
 
@@ -26,7 +27,7 @@ class ListSource(MixedSource):
 
 @pytest.fixture(scope="module")
 def tok():
-    return build_tokenizer()
+    return TextCodec.byte_level()
 
 
 def test_generators_are_deterministic_and_worked():
@@ -65,14 +66,32 @@ def test_model_sees_packed_documents_as_if_alone(tok):
     torch.testing.assert_close(packed[:, n0:n0 + n1], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_pretraining_splits_long_documents_and_sft_keeps_them_whole(tok):
-    docs = [Document("Q: " + "x" * 30 + "\n", "A: " + "y" * 30 + "\n")]
-    pre = Packer(ListSource(docs), tok, seq_len=48, stage="pretrain")
+def test_pretraining_splits_long_documents_and_sft_skips_and_counts_them(tok):
+    long = Document("Q: " + "x" * 30 + "\n", "A: " + "y" * 30 + "\n", source="long")
+    short = Document("Q: 1+1\n", "A: 2\n", source="short")
+    pre = Packer(ListSource([long]), tok, seq_len=48, stage="pretrain")
     a, b = pre.next_sequence(), pre.next_sequence()
     assert tok.pad_token_id not in a["input_ids"] and b["positions"][0] == 0
-    sft = Packer(ListSource(docs), tok, seq_len=48, stage="sft")
-    s = sft.next_sequence()  # 69-token document truncated to one sequence, never split across two
-    assert s["input_ids"][0] == tok.bos_token_id and sft.next_sequence()["input_ids"][0] == tok.bos_token_id
+    sft = Packer(ListSource([long, short]), tok, seq_len=48, stage="sft")
+    short_ids = tokenize_document(short, tok, "sft")[0]
+    for _ in range(3):  # the 71-token document is never cut: skipped and counted, the short one packed whole
+        s = sft.next_sequence()
+        assert s["input_ids"][: len(short_ids)] == short_ids
+    assert sft.dropped["long"] >= 3 and sft.kept["short"] >= 3 and "long" not in sft.kept
+    assert Packer(ListSource([long]), tok, seq_len=48, stage="sft").state_dict()["dropped"] == {}
+    with pytest.raises(ValueError, match="data.seq_len"):  # nothing fits: an error, not an endless skip
+        Packer(ListSource([long]), tok, seq_len=48, stage="sft").next_sequence()
+
+
+def test_preflight_reports_what_fits_per_source(tok):
+    cfg = DataConfig(generators=["env:even_odd", "addition"], seq_len=160)
+    src = build_source(cfg, "sft")
+    reports = {r.source: r for r in preflight(src, tok, 160, "sft", n=16)}
+    assert set(reports) == {"env:even_odd", "addition"}
+    for r in reports.values():
+        assert 0 < r.kept_whole <= 1 and r.supervised_per_sequence > 0 and r.max_tokens >= r.mean_tokens
+    with pytest.raises(ValueError, match="raise data.seq_len to at least"):
+        preflight(src, tok, 8, "sft", n=4)
 
 
 def test_packer_state_dict_resumes_exactly(tok):
@@ -107,7 +126,7 @@ def test_sft_loss_ignores_prompt_targets(tok, tmp_path):
     b0, b1, b2 = batch(base), batch(other), batch(bad)
     assert not torch.equal(b0["input_ids"], b1["input_ids"])
     n_targets = int((b0["labels"] != IGNORE_INDEX).sum())
-    assert n_targets == sum(len(tok.encode(r, add_special_tokens=False)) + 1 for r in resp)
+    assert n_targets == sum(len(tok.encode_text(r)) + 1 for r in resp)  # response tokens and end of turn
     torch.manual_seed(0)
     logits = torch.randn(2, 32, 260)
     l0, l1, l2 = (cross_entropy_loss(logits, b) for b in (b0, b1, b2))
@@ -125,7 +144,7 @@ def test_local_text_and_parquet_files_through_datasets(tmp_path):
     assert {src.document(i).response for i in range(2)} == {"first line of text", "second line"}
     pq.write_table(pa.table({"prompt": ["Q: 1+1=?\n"], "response": ["A: 2\n"]}), tmp_path / "sft.parquet")
     src = build_source(DataConfig(files=[str(tmp_path / "sft.parquet")], generators=[]), "sft")
-    assert src.document(3) == Document("Q: 1+1=?\n", "A: 2\n")
+    assert src.document(3) == Document("Q: 1+1=?\n", "A: 2\n", source="files")
     with pytest.raises(ValueError, match="data.text_field"):
         build_source(DataConfig(files=[str(tmp_path / "sft.parquet")], generators=[]), "pretrain")
 

@@ -1,0 +1,269 @@
+"""The one text <-> token layer: every stage turns text into token ids (and back) here.
+
+A `TextCodec` is loaded from a checkpoint folder: its tokenizer (`tokenizer.json`,
+`tokenizer_config.json`, through `transformers.AutoTokenizer`), its chat template
+and the stop ids of `generation_config.json`. Pretraining, SFT, profiling, rollouts,
+multi-turn episodes, evaluation and the benchmarks all go through it, so nothing
+else in the project knows a token id.
+
+    prompt_ids(p)        chat template over [system?, user p], add_generation_prompt=True
+    sft_ids(p, r)        prompt_ids(p) + the assistant turn r; loss mask on the assistant's tokens
+                         (through its end-of-turn token), located from the template, not by offsets
+    observation_ids(t)   an environment turn t (tool or user message) + the next generation prompt,
+                         appended after a model turn's own sampled ids (never re-tokenised)
+    decode(ids)          the response text the reward sees: cut at the first stop id, without it
+
+The byte-level tokenizer (`elr_rl.model.tokenizer`) is one tokenizer among others
+with a chat template of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+_PROBE = "Probe question?"
+_PROBE_REPLY = "Probe answer."
+_PROBE_TOOL = "Probe observation."
+
+
+@dataclass
+class ChatOptions:
+    """How prompts are rendered with the chat template (shared by every stage of a run)."""
+
+    system_prompt: Optional[str] = None
+    """A system message put before every prompt (None: none)."""
+    thinking: Optional[bool] = None
+    """Thinking on/off for templates that have the switch (`enable_thinking`); None: the template's default."""
+
+
+class TextCodec:
+    """Text <-> token ids for one checkpoint (tokenizer, chat template, stop ids)."""
+
+    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int], options: ChatOptions | None = None,
+                 source: str = "<tokenizer>") -> None:
+        if not stop_token_ids:
+            raise ValueError(f"{source}: no stop token: set `eos_token_id` in generation_config.json "
+                             "(or the tokenizer's eos_token)")
+        self.tokenizer = tokenizer
+        self.stop_token_ids = tuple(int(i) for i in dict.fromkeys(stop_token_ids))
+        self.options = options = options or ChatOptions()
+        self.source = source
+        self._template_kwargs: dict[str, Any] = {}
+        if options.thinking is not None:
+            self._template_kwargs["enable_thinking"] = bool(options.thinking)
+        self._check_template()
+        self.observation_role = self._pick_observation_role()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def byte_level(cls, options: ChatOptions | None = None) -> "TextCodec":
+        """The project's byte-level tokenizer with its own chat template (tiny local models)."""
+        from elr_rl.model.tokenizer import build_tokenizer
+
+        tok = build_tokenizer()
+        return cls(tok, [tok.eos_token_id], options, source="byte-level tokenizer")
+
+    @classmethod
+    def load(cls, path: str | Path, options: ChatOptions | None = None) -> "TextCodec":
+        """The codec of a checkpoint folder; one clear error naming what is missing."""
+        from transformers import AutoTokenizer
+
+        path = Path(path)
+        if not path.is_dir():
+            raise ValueError(f"{str(path)!r} is not a checkpoint folder")
+        missing = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
+        if missing:
+            raise ValueError(
+                f"checkpoint {str(path)!r} has no {' or '.join(missing)}: save the tokenizer into the folder "
+                "(tokenizer.save_pretrained(path)), or create the checkpoint with `elr-rl model init` "
+                "(byte-level tokenizer) or `elr-rl model init --tokenizer DIR`"
+            )
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path))
+        except Exception as exc:  # a corrupt file: say which folder
+            raise ValueError(f"{path / 'tokenizer.json'}: the tokenizer does not load ({exc})") from None
+        return cls(tok, stop_ids_of(path, tok), options or ChatOptions(), source=str(path))
+
+    def _check_template(self) -> None:
+        tpl = getattr(self.tokenizer, "chat_template", None)
+        if not tpl:
+            raise ValueError(
+                f"{self.source}: the tokenizer has no chat template: add `chat_template` to tokenizer_config.json "
+                "(or a chat_template.jinja file)"
+            )
+        try:
+            ids = self.prompt_ids(_PROBE)
+            self.sft_ids(_PROBE, _PROBE_REPLY)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"{self.source}: the chat template cannot render a conversation ({exc}); "
+                             "fix `chat_template` in tokenizer_config.json") from None
+        if not ids:
+            raise ValueError(f"{self.source}: the chat template renders an empty prompt")
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write the tokenizer files and generation_config.json (stop ids) into a checkpoint folder."""
+        self.tokenizer.save_pretrained(str(path))
+        gen = Path(path) / "generation_config.json"
+        cfg = json.loads(gen.read_text()) if gen.is_file() else {}
+        ids = list(self.stop_token_ids)
+        cfg["eos_token_id"] = ids if len(ids) > 1 else ids[0]
+        gen.write_text(json.dumps(cfg, indent=2) + "\n")
+
+    # ------------------------------------------------------------------ rendering
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.stop_token_ids[0])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def _messages(self, prompt: str) -> list[dict[str, str]]:
+        sys = self.options.system_prompt
+        return ([{"role": "system", "content": sys}] if sys else []) + [{"role": "user", "content": prompt}]
+
+    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **self._template_kwargs)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of rendered text (special tokens written in it are parsed as such, no bos/eos added)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render_prompt(self, prompt: str) -> str:
+        """The chat-rendered prompt text (what `prompt_ids` encodes)."""
+        return self._render(self._messages(prompt), True)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The prompt rendered as a conversation, ending where the model's turn starts."""
+        return self.encode_text(self.render_prompt(prompt))
+
+    def sft_ids(self, prompt: str, response: str) -> tuple[list[int], list[bool]]:
+        """(ids, mask) of a prompt and its assistant response; mask marks the assistant's tokens.
+
+        The assistant's tokens are what the template adds after the generation prompt, up to and
+        including the first stop id (the end of the turn): the model learns to stop. Text the
+        template puts after the end of the turn (a newline) is not trained on.
+        """
+        msgs = self._messages(prompt)
+        head = self._render(msgs, True)
+        full = self._render([*msgs, {"role": "assistant", "content": response}], False)
+        if full.startswith(head):
+            tail = full[len(head):]
+        else:  # e.g. thinking off: the generation prompt holds an empty think block that history omits
+            at = full.rfind(response) if response else -1
+            if at < 0:
+                raise ValueError(
+                    f"{self.source}: the chat template renders the assistant turn neither after the generation "
+                    "prompt nor with its content verbatim, so assistant tokens cannot be located; use a template "
+                    "whose history rendering extends its generation prompt"
+                )
+            tail = full[at:]
+        # The prompt is encoded alone, exactly as rollouts encode it; the model's tokens follow it.
+        p = self.encode_text(head)
+        r = self.encode_text(tail)
+        end = next((i + 1 for i, t in enumerate(r) if t in self.stop_token_ids), None)
+        if end is None:  # the template closed the turn with no stop id: close it ourselves
+            r, end = [*r, self.stop_token_ids[0]], len(r) + 1
+        r = r[:end]
+        return p + r, [False] * len(p) + [True] * len(r)
+
+    def pretrain_ids(self, text: str) -> list[int]:
+        """Plain text for language modelling: [bos] text [eos]."""
+        bos = self.tokenizer.bos_token_id
+        return ([int(bos)] if bos is not None else []) + self.encode_text(text) + [self.stop_token_ids[0]]
+
+    def _pick_observation_role(self) -> str:
+        """'tool' where the template renders tool messages, else 'user'."""
+        for role in ("tool", "user"):
+            try:
+                text = self._observation_text(_PROBE_TOOL, role)
+            except Exception:
+                continue
+            if _PROBE_TOOL in text:
+                return role
+        raise ValueError(f"{self.source}: the chat template renders neither tool nor user messages after an "
+                         "assistant turn; multi-turn environments need one of them")
+
+    def _observation_text(self, text: str, role: str) -> str:
+        msgs = [*self._messages(_PROBE), {"role": "assistant", "content": _PROBE_REPLY}]
+        before = self._render(msgs, False)
+        after = self._render([*msgs, {"role": role, "content": text}], True)
+        if not after.startswith(before):
+            raise ValueError("history rendering is not incremental")
+        # Cut `before` right after the assistant's end-of-turn token: what the template writes
+        # after it (a newline) is glue that belongs before the observation.
+        glue_start = self._end_of_turn_offset(before)
+        return before[glue_start:] + after[len(before):]
+
+    def _end_of_turn_offset(self, rendered: str) -> int:
+        """Offset just past the last stop token's text in `rendered` (len(rendered) if none)."""
+        best = -1
+        for t in self.stop_token_ids:
+            s = self.tokenizer.convert_ids_to_tokens(int(t))
+            if isinstance(s, str) and s:
+                at = rendered.rfind(s)
+                if at >= 0:
+                    best = max(best, at + len(s))
+        return best if best >= 0 else len(rendered)
+
+    def observation_ids(self, text: str) -> list[int]:
+        """An environment turn, rendered as a tool (or user) message plus the next generation prompt.
+
+        Appended after a model turn's sampled ids, which end in a stop id: these ids never carry loss.
+        """
+        return self.encode_text(self._observation_text(text, self.observation_role))
+
+    # ------------------------------------------------------------------ decoding
+    def strip_stop(self, ids: Sequence[int]) -> list[int]:
+        """`ids` up to (not including) the first stop id."""
+        out = []
+        for t in ids:
+            if t in self.stop_token_ids:
+                break
+            out.append(int(t))
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of a model turn as the reward sees it: cut at the first stop id, without it."""
+        return self.tokenizer.decode(self.strip_stop(ids), skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+
+
+def stop_ids_of(path: str | Path, tokenizer: Any) -> list[int]:
+    """Stop ids: `eos_token_id` of generation_config.json (int or list), else the tokenizer's eos."""
+    ids: list[int] = []
+    gen = Path(path) / "generation_config.json"
+    if gen.is_file():
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{gen}: not valid JSON ({exc})") from None
+        if isinstance(eos, int):
+            ids = [eos]
+        elif isinstance(eos, list):
+            ids = [int(i) for i in eos]
+    if not ids and tokenizer.eos_token_id is not None:
+        ids = [int(tokenizer.eos_token_id)]
+    return ids
+
+
+def write_generation_config(path: str | Path, tokenizer: Any, stop_tokens: Sequence[str] = ()) -> list[int]:
+    """Write generation_config.json with the stop ids (the tokenizer's eos plus `stop_tokens`)."""
+    ids = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+    ids += [int(tokenizer.convert_tokens_to_ids(t)) for t in stop_tokens]
+    ids = list(dict.fromkeys(ids))
+    cfg: dict[str, Any] = {"eos_token_id": ids if len(ids) > 1 else ids[0]}
+    for name in ("bos_token_id", "pad_token_id"):
+        v = getattr(tokenizer, name, None)
+        if v is not None:
+            cfg[name] = int(v)
+    (Path(path) / "generation_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return ids
