@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 
 def _worker_main(conn: Connection) -> None:
     """Worker loop: receive (job_id, env_name, task, completion), send (job_id, Score)."""
+    import os
+
+    # One compute thread per scoring worker (and its sandboxed children), whatever the caller's
+    # OMP_NUM_THREADS: verifiers are small, and the cores belong to the learner and rollout workers.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
     from environments.registry import get_env
 
     while True:
