@@ -98,13 +98,17 @@ class Driver:
     def _new_worker(self, i: int, model_path: str):
         import ray
 
+        from elr_rl.rl.cores import CORE_OFFSET_ENV, layout_offsets
         from elr_rl.rl.ray_env import actor_runtime_env
         from elr_rl.rl.rollout_worker import MAX_CONCURRENCY, RolloutWorker
 
-        c = self.cfg.rollout
+        c, lc = self.cfg.rollout, self.cfg.learner
         actor = ray.remote(num_cpus=c.num_cpus_per_worker, num_gpus=c.num_gpus_per_worker, max_restarts=0,
                            max_concurrency=MAX_CONCURRENCY)(RolloutWorker)
-        env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+        # Threads and cores follow the worker's Ray CPUs (RolloutWorker applies them); its slot comes after the learner's.
+        offset = layout_offsets(lc.world_size, lc.num_cpus_per_rank, c.num_workers, c.num_cpus_per_worker)["rollout"][i]
+        env = {"OMP_NUM_THREADS": str(max(1, int(c.num_cpus_per_worker))), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               CORE_OFFSET_ENV: str(offset)}
         handle = actor.options(runtime_env=actor_runtime_env(env), resources=dict(c.resources) or None).remote(
             i, model_path, c, self.cfg.run.seed, self.version)
         ray.get(handle.ping.remote())

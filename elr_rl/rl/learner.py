@@ -61,8 +61,11 @@ class LearnerRank:
     """One DeepSpeed rank. Created by `LearnerGroup`; call `setup` on all ranks together."""
 
     def __init__(self, rank: int, world_size: int, cfg: RLConfig) -> None:
+        from elr_rl.rl.cores import actor_core_budget
+
         self.rank, self.world_size, self.cfg = rank, world_size, cfg
         self.engine = None
+        self.cores = actor_core_budget()  # threads and cores from this rank's Ray CPUs, not the caller's env
 
     def node_id(self) -> str:
         import ray
@@ -162,17 +165,21 @@ class LearnerGroup:
     def __init__(self, cfg: RLConfig, resume_dir: str | None = None) -> None:
         import ray
 
+        from elr_rl.rl.cores import CORE_OFFSET_ENV, layout_offsets
         from elr_rl.rl.ray_env import actor_runtime_env
 
         n = cfg.learner.world_size
         actor_cls = ray.remote(num_cpus=cfg.learner.num_cpus_per_rank, num_gpus=cfg.learner.num_gpus_per_rank)(
             LearnerRank
         )
-        env = {"DS_ACCELERATOR": "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu",
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        offsets = layout_offsets(n, cfg.learner.num_cpus_per_rank, cfg.rollout.num_workers,
+                                 cfg.rollout.num_cpus_per_worker)["learner"]
+        threads = str(max(1, int(cfg.learner.num_cpus_per_rank)))  # from the rank's resources, never the caller's
         self.ranks = [
-            actor_cls.options(runtime_env=actor_runtime_env(env), resources=dict(cfg.learner.resources) or None).remote(
-                r, n, cfg)
+            actor_cls.options(runtime_env=actor_runtime_env(
+                {"DS_ACCELERATOR": "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu",
+                 "OMP_NUM_THREADS": threads, CORE_OFFSET_ENV: str(offsets[r])}),
+                resources=dict(cfg.learner.resources) or None).remote(r, n, cfg)
             for r in range(n)
         ]
         addr, port = ray.get(self.ranks[0].rendezvous_address.remote())

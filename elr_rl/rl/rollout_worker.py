@@ -33,12 +33,15 @@ MAX_CONCURRENCY = 3  # a generate call, a parity logprob call waiting for the en
 
 class RolloutWorker:
     def __init__(self, worker_id: int, model_path: str, cfg: RolloutConfig, seed: int, version: int = 0) -> None:
+        from elr_rl.rl.cores import actor_core_budget
         from elr_rl.rollout.engine import EngineOptions, RolloutEngine
 
         self.worker_id, self.cfg, self.version = worker_id, cfg, version
+        self.cores = actor_core_budget()  # threads and cores from this actor's Ray CPUs (the engine inherits them)
         self.codec = TextCodec.load(model_path, cfg.chat)
         options = EngineOptions(device=cfg.device, max_model_len=cfg.max_model_len,
-                                max_num_seqs=max(8, cfg.group_size * cfg.prompts_per_request))
+                                max_num_seqs=max(8, cfg.group_size * cfg.prompts_per_request),
+                                cpu_threads=self.cores.threads)
         self.engine = RolloutEngine(
             model_path, k=1, cache_mode=cfg.cache_mode, dtype=cfg.dtype, seed=seed + 1000 * worker_id, options=options,
         )
