@@ -207,11 +207,13 @@ def run_loops(
     rule: UpdateRule,
     initial_state: str = "input_copy",
     truncate: int | None = None,
+    on_state: Callable[[int, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Run the recurrent block k times; loop i (1-based) calls recurrent_block(s~_i, i).
 
     Truncated backprop: with `truncate = n`, loops 1..k-n run without autograd, so
-    only the last n loops carry gradients.
+    only the last n loops carry gradients. `on_state(i, s_i)` sees every loop's state
+    (per-loop readouts).
     """
     s = h_in if initial_state == "input_copy" else torch.zeros_like(h_in)  # s_0
     for i in range(1, k + 1):
@@ -220,4 +222,6 @@ def run_loops(
             s_tilde = rule.inject(s, h_in)  # s~_i = s_{i-1} + h_in
             r = recurrent_block(s_tilde, i)  # r_i = R(s~_i)
             s = rule.update(s, r, s_tilde)  # s_i = Update(s_{i-1}, r_i, s~_i)
+        if on_state is not None:
+            on_state(i, s)
     return s

@@ -146,6 +146,15 @@ class TrainEngine:
         return self.engine(batch["input_ids"], k=k, positions=batch.get("positions"),
                            segment_ids=batch.get("segment_ids"))
 
+    def loop_aux_loss(self, batch: dict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss with the loop-wise auxiliary term, plain loss at k) from one k-loop pass with per-loop
+        readouts (`TrainConfig.loop_aux`; elr_rl.train.loopwise)."""
+        from elr_rl.train.loopwise import loop_aux_loss
+
+        readouts = self.engine(batch["input_ids"], k=k, positions=batch.get("positions"),
+                               segment_ids=batch.get("segment_ids"), loop_readouts=True)
+        return loop_aux_loss(readouts, batch, self.cfg.loop_aux.weight)
+
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -167,12 +176,15 @@ class TrainEngine:
         norm = None
         for i, (batch, k) in enumerate(zip(microbatches, ks)):
             batch = self.to_device(batch)
-            loss = loss_fn(self.forward(batch, k), batch)
+            if loss_fn is cross_entropy_loss and self.cfg.loop_aux.enabled:  # pretrain/SFT option, never RL
+                loss, logged = self.loop_aux_loss(batch, k)
+            else:
+                loss = logged = loss_fn(self.forward(batch, k), batch)
             self.engine.backward(loss)  # gradients are all-reduced here at the accumulation boundary
             if i == len(ks) - 1 and self._plain_optimizer:
                 norm = _grad_norm(self.model.parameters())
             self.engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
-            losses.append(float(loss.detach()))
+            losses.append(float(logged.detach()))  # the loss at k (the auxiliary readouts' part is not logged)
         if self.model.spec.backbone == "ngpt":
             self.apply_to_weights_(lambda m: m.normalize_weights_())
         if norm is None:

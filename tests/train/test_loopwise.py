@@ -1,0 +1,86 @@
+"""Loop-wise auxiliary loss and difficulty-aware loop sampling: the pure functions and the model's readouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from elr_rl.model import ElrConfig, LoopedForCausalLM
+from elr_rl.train.config import LoopAuxConfig
+from elr_rl.train.loopwise import difficulty_aware_k, loop_aux_loss, loop_target_rows, step_of_loop
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("cond", [False, True])
+def test_readouts_are_one_pass_and_the_last_is_the_plain_forward(cond):
+    torch.manual_seed(0)
+    model = LoopedForCausalLM(ElrConfig.tiny(loop_conditioning=cond, n_recurrent_layers=2)).eval()
+    ids = torch.randint(0, 256, (2, 7))
+    readouts = model(ids, k=4, loop_readouts=True)
+    assert len(readouts) == 4
+    assert torch.allclose(readouts[-1], model(ids, k=4), atol=1e-5)
+    if not cond:  # without loop conditioning, readout i is exactly the model run at k = i
+        for i, z in enumerate(readouts, start=1):
+            assert torch.allclose(z, model(ids, k=i), atol=1e-5)
+    assert not torch.allclose(readouts[0], readouts[-1], atol=1e-3)
+
+
+def test_aux_loss_adds_weighted_mean_of_earlier_readouts_on_their_own_targets():
+    torch.manual_seed(1)
+    z = [torch.randn(1, 3, 11, requires_grad=True) for _ in range(3)]
+    labels = torch.tensor([[-100, 4, 5]])
+    rows = torch.tensor([[[-100, 4, 1], [-100, 4, 2], [-100, 4, 5]]])  # loop i's targets
+    ce = lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)  # noqa: E731
+    total, main = loop_aux_loss(z, {"labels": labels, "loop_labels": rows}, 0.5)
+    assert torch.allclose(main, ce(z[2], labels))
+    assert torch.allclose(total, main + 0.5 * (ce(z[0], rows[:, 0]) + ce(z[1], rows[:, 1])) / 2)
+    total_final, _ = loop_aux_loss(z, {"labels": labels}, 0.5)  # targets=final: every readout on the labels
+    assert torch.allclose(total_final, main + 0.5 * (ce(z[0], labels) + ce(z[1], labels)) / 2)
+    off, _ = loop_aux_loss(z, {"labels": labels, "loop_labels": rows}, 0.0)
+    assert torch.equal(off, main)
+    total.backward()
+    assert z[0].grad.abs().sum() > 0  # the early readouts are trained
+
+
+def test_difficulty_aware_k_is_at_least_the_steps_capped_at_K():
+    assert difficulty_aware_k(1, 3, 4) == 3
+    assert difficulty_aware_k(4, 2, 4) == 4
+    assert difficulty_aware_k(2, 9, 4) == 4
+    assert difficulty_aware_k(3, 0, 4) == 3  # documents without steps keep the draw
+    assert [step_of_loop(i, 2) for i in (1, 2, 3, 4)] == [1, 2, 2, 2]
+
+
+@dataclass(frozen=True)
+class _Doc:
+    prompt: str
+    response: str
+    step_responses: tuple[str, ...] = ()
+
+
+def _tokenize(doc):
+    ids = [1, *doc.prompt.encode(), 2, *doc.response.encode(), 3]
+    return ids, [False] * (len(doc.prompt) + 2) + [True] * (len(doc.response) + 1)
+
+
+def test_loop_target_rows_follow_one_step_per_loop():
+    doc = _Doc("q", "<a>z</a>", ("<a>x</a>", "<a>y</a>", "<a>z</a>"))
+    ids, _ = _tokenize(doc)
+    rows = loop_target_rows(doc, ids, _tokenize, K=4)
+    answers = [chr(r[ids.index(ord("z"))]) for r in rows]
+    assert answers == ["x", "y", "z", "z"]
+    assert rows[2] == rows[3] == ids
+    assert loop_target_rows(_Doc("q", "a"), [1], _tokenize, K=4) is None  # no per-step targets
+    uneven = _Doc("q", "<a>z</a>", ("<a>xx</a>", "<a>z</a>"))
+    assert loop_target_rows(uneven, ids, _tokenize, K=4) is None  # variants of another length: final targets
+
+
+def test_config_refuses_bad_values_and_is_off_by_default():
+    assert not LoopAuxConfig().enabled
+    with pytest.raises(ValueError, match="loop_aux.targets"):
+        LoopAuxConfig(weight=1.0, targets="every").validate()
+    with pytest.raises(ValueError, match="loop_aux.weight"):
+        LoopAuxConfig(weight=-1.0).validate()
