@@ -12,7 +12,7 @@ import sys
 
 # name -> (module, one-line help). Each module defines `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("elr_rl.model.cli", "build, inspect, demo and convert looped-model checkpoints"),
+    "model": ("elr_rl.model.cli", "build (random or with a given tokenizer), inspect and demo looped-model checkpoints"),
     "pretrain": ("elr_rl.train.cli", "pretrain a looped model with mixed-depth training (DeepSpeed)"),
     "sft": ("elr_rl.train.cli", "supervised fine-tuning with loss on responses only (DeepSpeed)"),
     "rl": ("elr_rl.rl.cli", "asynchronous GRPO on Ray with the loop curriculum"),

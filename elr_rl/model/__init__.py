@@ -22,3 +22,13 @@ def _register_auto_classes() -> None:
 
 
 _register_auto_classes()
+
+
+def _register_auto_model() -> None:
+    """AutoModelForCausalLM.from_pretrained(ckpt) returns the looped model (elr_rl.model.hf)."""
+    from elr_rl.model.hf import register_auto_model
+
+    register_auto_model()
+
+
+_register_auto_model()

@@ -23,24 +23,36 @@ def _parse_overrides(pairs: list[str]) -> dict:
 
 def build_config(fmt: str, overrides: dict):
     from elr_rl.model import DoryConfig, ElrConfig
+    from elr_rl.model.config import check_overrides
 
-    if fmt == "elr":
-        return ElrConfig.tiny(**overrides)
-    if fmt == "dory":
-        return DoryConfig.tiny(**overrides)
-    raise ValueError(f"--format must be 'elr' or 'dory', got {fmt!r}")
+    if fmt not in ("elr", "dory"):
+        raise ValueError(f"--format must be 'elr' or 'dory', got {fmt!r}")
+    cls = ElrConfig if fmt == "elr" else DoryConfig
+    check_overrides(cls, overrides)  # unknown keys and wrong types, before anything is written
+    return cls.tiny(**overrides)
 
 
 def cmd_init(args) -> int:
     import torch
 
     from elr_rl.model import LoopedForCausalLM, save_tokenizer
+    from elr_rl.text import TextCodec
 
     torch.manual_seed(args.seed)
-    cfg = build_config(args.format, _parse_overrides(args.overrides))
+    overrides = _parse_overrides(args.overrides)
+    codec = None
+    if args.tokenizer:  # the model's vocabulary follows the tokenizer unless set explicitly
+        codec = TextCodec.load(args.tokenizer)
+        overrides.setdefault("vocab_size", codec.vocab_size)
+    cfg = build_config(args.format, overrides)
+    if codec is not None and codec.vocab_size > cfg.vocab_size:
+        raise ValueError(f"vocab_size={cfg.vocab_size} is smaller than the tokenizer's {codec.vocab_size} tokens")
     model = LoopedForCausalLM(cfg)
     model.save_pretrained(args.out)
-    save_tokenizer(args.out)
+    if codec is not None:
+        codec.save_pretrained(args.out)
+    else:
+        save_tokenizer(args.out)
     print(f"wrote a random {args.format} checkpoint ({model.num_parameters():,} parameters) to {args.out}")
     return 0
 
@@ -65,7 +77,7 @@ def time_per_token(model, k: int, batch: int, seq: int, repeats: int) -> float:
     """Seconds per token of a teacher-forced forward at loop count k (best of `repeats`)."""
     import torch
 
-    ids = torch.randint(0, 256, (batch, seq))
+    ids = torch.randint(0, model.spec.vocab_size, (batch, seq))
     best = float("inf")
     with torch.no_grad():
         model(ids, k=k)  # warm-up
@@ -81,15 +93,17 @@ def cmd_demo(args) -> int:
 
     import torch
 
-    from elr_rl.model import LoopedForCausalLM, build_tokenizer
+    from elr_rl.model import LoopedForCausalLM
+    from elr_rl.text import TextCodec
 
     torch.manual_seed(args.seed)
     if args.checkpoint:
         model = LoopedForCausalLM.from_pretrained(args.checkpoint)
+        tok = TextCodec.load(args.checkpoint).tokenizer
     else:
         model = LoopedForCausalLM(build_config(args.format, _parse_overrides(args.overrides)))
+        tok = TextCodec.byte_level().tokenizer
     model.eval()
-    tok = build_tokenizer()
     s = model.spec
     print(f"looped model: {model.num_parameters():,} parameters, sublayers {s.pattern} "
           f"(in {s.n_in} / rec {s.n_rec} / out {s.n_out}), update rule {s.update_rule}")
@@ -106,7 +120,7 @@ def cmd_demo(args) -> int:
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
         again = LoopedForCausalLM.from_pretrained(d).eval()
-        ids = torch.randint(0, 256, (1, 16))
+        ids = torch.randint(0, s.vocab_size, (1, 16))
         same = all(torch.equal(model(ids, k=k), again(ids, k=k)) for k in range(1, s.max_loops + 1))
     print(f"save -> load round trip gives identical logits at every k: {same}")
     return 0 if same else 1
@@ -119,6 +133,8 @@ def main(argv: list[str]) -> int:
     pi.add_argument("out")
     pi.add_argument("--format", default="elr", choices=["elr", "dory"])
     pi.add_argument("--seed", type=int, default=0)
+    pi.add_argument("--tokenizer", help="a folder with tokenizer files and a chat template to copy in "
+                    "(default: the byte-level tokenizer); vocab_size follows it")
     pi.add_argument("overrides", nargs="*", help="config fields as key=value, e.g. update_rule=delta")
     pn = sub.add_parser("info", help="describe a checkpoint")
     pn.add_argument("checkpoint")

@@ -390,6 +390,37 @@ class DoryConfig(PretrainedConfig):
         return cls(**base)
 
 
+# Training-side fields the Dory format accepts on top of its released ones (written only when set).
+DORY_EXTRAS = {"max_recurrent_loops": "int | None", "truncated_backprop": "int | None"}
+_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool, "list": list, "dict": dict}
+
+
+def check_overrides(cls: type, overrides: dict, where: str = "") -> None:
+    """Reject unknown config fields and values of the wrong type, naming the field.
+
+    `PretrainedConfig` swallows unknown keyword arguments, so a typo (`hiden_size=32`) would
+    otherwise be written into config.json and silently do nothing.
+    """
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    known = {n: str(p.annotation) for n, p in params.items() if n not in ("self", "kwargs")}
+    if cls is DoryConfig:
+        known.update(DORY_EXTRAS)
+    for key, value in overrides.items():
+        name = f"{where}{key}"
+        if key not in known:
+            raise ValueError(f"config field `{name}`: {cls.__name__} has no field {key!r}; choose among {sorted(known)}")
+        allowed = [t.strip() for t in known[key].replace("Optional[", "").replace("]", "").split("|")]
+        if value is None and "None" in allowed:
+            continue
+        types = tuple(x for t in allowed for x in ((_TYPES[t],) if not isinstance(_TYPES.get(t), tuple) else _TYPES[t])
+                      if t in _TYPES)
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if types and not ok:
+            raise ValueError(f"config field `{name}`: {value!r} is a {type(value).__name__}, expected {known[key]}")
+
+
 def config_from_dict(d: dict) -> PretrainedConfig:
     """The right config class for a config.json dict (by model_type)."""
     mt = d.get("model_type")

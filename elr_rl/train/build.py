@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -22,19 +21,10 @@ def _loop_overrides(spec: ModelSpec, loops: LoopConfig) -> dict[str, Any]:
     return over
 
 
-# Training-side fields the Dory format accepts on top of its released ones (written only when set).
-_DORY_EXTRAS = {"max_recurrent_loops", "truncated_backprop"}
-
-
 def _check_override_names(cls: type, over: dict[str, Any]) -> None:
-    """PretrainedConfig swallows unknown kwargs; a typo would silently do nothing, so reject it here."""
-    known = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
-    if cls.__name__ == "DoryConfig":
-        known |= _DORY_EXTRAS
-    for key in over:
-        if key not in known:
-            raise ValueError(f"config field `model.overrides.{key}`: {cls.__name__} has no field {key!r}; "
-                             f"choose among {sorted(known)}")
+    from elr_rl.model.config import check_overrides
+
+    check_overrides(cls, over, "model.overrides.")
 
 
 def build_model_config(spec: ModelSpec, loops: LoopConfig):

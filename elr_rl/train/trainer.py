@@ -76,6 +76,19 @@ def step_metrics(gathered: list[dict], tokens: int, seconds: float) -> dict[str,
     return row
 
 
+def export_final(ckpt: Path, final: Path) -> None:
+    """Copy the last checkpoint's Hugging Face files (weights, config, tokenizer; not the optimizer)
+    to <output_dir>/final: the path the next stage (SFT, `elr-rl rl model_path=...`, eval) names."""
+    import shutil
+
+    if final.exists():
+        shutil.rmtree(final)
+    final.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        if f.is_file():
+            shutil.copy2(f, final / f.name)
+
+
 @dataclass
 class RunState:
     """Where the run stands (the rest of the resume state lives in the packer, sampler and engine)."""
@@ -109,7 +122,9 @@ class Trainer:
         if rank == 0:
             for report in self.preflight:
                 print(f"[data] {report.line()}", flush=True)
-        self.packer = Packer(source, self.codec, d.seq_len, cfg.stage, rank, world_size)
+        self.packer = Packer(source, self.codec, d.seq_len, cfg.stage, rank, world_size,
+                             loop_targets=self.K if cfg.loop_aux.enabled and cfg.loop_aux.targets == "steps" else 0,
+                             with_steps=cfg.loops.difficulty_aware)
         self.heldout = fixed_batches(build_source(d, cfg.stage, heldout=True), self.codec, d.seq_len, cfg.stage,
                                      cfg.engine.micro_batch_size, cfg.run.eval_batches)
         self.sampler = LoopSampler(cfg.loops, self.K, cfg.run.seed, rank, world_size, cfg.run.total_steps)
@@ -248,6 +263,8 @@ class Trainer:
             last_eval = self.evaluate()
             self.log(self.state.step, {})
         ckpt = self.save(self.state.step)
+        if self.rank == 0:
+            export_final(ckpt, self.out / "final")
         dropped = {k.split("/", 2)[2]: v for k, v in (history[-1] if history else {}).items()
                    if k.startswith("data/dropped_too_long/")}
         if self.rank == 0 and dropped:

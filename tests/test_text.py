@@ -1,0 +1,126 @@
+"""The text <-> token layer (elr_rl.text): chat templates, assistant masks, stop ids, bad checkpoints,
+and transformers interop (AutoModelForCausalLM returns the looped model with the project's logits)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from elr_rl.model import DoryConfig, ElrConfig, LoopedForCausalLM, save_tokenizer
+from elr_rl.model.bpe import train_bpe
+from elr_rl.text import ChatOptions, TextCodec
+from environments.registry import get_env
+
+
+def corpus(n: int = 150) -> list[str]:
+    """Prompts and worked answers of a few environments: text to train a BPE on."""
+    out = []
+    for name in ("even_odd", "arith_multidigit", "expr_eval", "sort_and_sequence_ops", "logic_deduction"):
+        env = get_env(name)
+        for seed in range(n):
+            task = env.generate(seed, 1 + seed % 2)
+            out += [task.prompt, env.worked_solution(task)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bpe")
+    train_bpe(corpus(), d, vocab_size=3000)
+    return d
+
+
+def test_byte_codec_renders_the_tiny_models_format(tmp_path):
+    save_tokenizer(tmp_path)
+    codec = TextCodec.load(tmp_path)
+    tok = codec.tokenizer
+    assert tok.decode(codec.prompt_ids("hi")) == "<|bos|>hi<|sep|>"
+    ids, mask = codec.sft_ids("hi", "<answer>1</answer>")
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == "<answer>1</answer><|eos|>"  # the assistant's tokens and the end of its turn, nothing else
+    assert codec.stop_token_ids == (tok.eos_token_id,)
+    assert codec.decode(ids[sum(not m for m in mask):] + [5, 6]) == "<answer>1</answer>"  # cut at the stop id
+    assert tok.decode(codec.observation_ids("out")) == "tool: out<|sep|>"
+    sys_codec = TextCodec.load(tmp_path, ChatOptions(system_prompt="Be brief."))
+    assert tok.decode(sys_codec.prompt_ids("hi")) == "<|bos|>system: Be brief.<|sep|>hi<|sep|>"
+
+
+def test_bpe_codec_ids_are_not_bytes_and_masks_come_from_the_template(bpe_dir):
+    codec = TextCodec.load(bpe_dir)
+    tok = codec.tokenizer
+    assert 1000 < codec.vocab_size <= 3000
+    prompt = get_env("arith_multidigit").generate(3, 1).prompt
+    ids = codec.prompt_ids(prompt)
+    assert len(ids) < len(prompt.encode()) / 2  # real merges, not one id per byte
+    assert tok.decode(ids) == codec.render_prompt(prompt) == f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn in codec.stop_token_ids and tok.eos_token_id in codec.stop_token_ids
+    ids, mask = codec.sft_ids(prompt, "<answer>42</answer>")
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == "<answer>42</answer><|im_end|>"
+    assert ids[: len(codec.prompt_ids(prompt))] == codec.prompt_ids(prompt)  # SFT sees what rollouts see
+    assert codec.observation_role == "tool"
+    assert tok.decode(codec.observation_ids("ls: ok")) == "\n<|im_start|>tool\nls: ok<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_thinking_switch_and_system_prompt(bpe_dir):
+    off = TextCodec.load(bpe_dir, ChatOptions(system_prompt="S", thinking=False))
+    text = off.render_prompt("q")
+    assert text.startswith("<|im_start|>system\nS<|im_end|>") and text.endswith("<think>\n\n</think>\n\n")
+    assert not TextCodec.load(bpe_dir).render_prompt("q").endswith("</think>\n\n")
+    ids, mask = off.sft_ids("q", "<answer>1</answer>")  # the empty think block is prompt, not target
+    assert off.tokenizer.decode([i for i, m in zip(ids, mask) if m]) == "<answer>1</answer><|im_end|>"
+
+
+def test_checkpoints_without_tokenizer_or_template_fail_clearly(tmp_path, bpe_dir):
+    with pytest.raises(ValueError, match="has no tokenizer.json or tokenizer_config.json"):
+        TextCodec.load(tmp_path)
+    save_tokenizer(tmp_path)
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    cfg.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no chat template"):
+        TextCodec.load(tmp_path)
+    cfg["chat_template"] = "{% for m in messages %}{{ m['content'] | nosuchfilter }}{% endfor %}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="chat template cannot render"):
+        TextCodec.load(tmp_path)
+
+
+def test_model_init_rejects_unknown_keys_and_wrong_types(tmp_path, bpe_dir, capsys):
+    from elr_rl.model.cli import main
+
+    assert main(["init", str(tmp_path / "a"), "hiden_size=32"]) == 2
+    assert "hiden_size" in capsys.readouterr().out and not (tmp_path / "a").exists()
+    assert main(["init", str(tmp_path / "b"), "hidden_size=big"]) == 2
+    assert "`hidden_size`" in capsys.readouterr().out and not (tmp_path / "b").exists()
+    assert main(["init", str(tmp_path / "c"), "--tokenizer", str(bpe_dir)]) == 0
+    codec = TextCodec.load(tmp_path / "c")  # the BPE tokenizer, its template and stop ids travel along
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["vocab_size"] == codec.vocab_size
+    assert len(codec.stop_token_ids) == 2
+
+
+@pytest.mark.parametrize("fmt", ["elr", "dory"])
+def test_transformers_auto_model_is_the_looped_model(tmp_path, fmt):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = ElrConfig.tiny(loop_conditioning=True) if fmt == "elr" else DoryConfig.tiny()
+    model = LoopedForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path)
+    save_tokenizer(tmp_path)
+    loop_key = "num_loops" if fmt == "elr" else "n_recurrent_loops"
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, **{loop_key: 2}).eval()
+    assert hf.num_loops == 2
+    ids = torch.randint(0, 256, (2, 10))
+    with torch.no_grad():
+        for k in range(1, model.spec.max_loops + 1):
+            torch.testing.assert_close(hf(ids, k=k).logits, model(ids, k=k), rtol=0, atol=1e-5)
+        torch.testing.assert_close(hf(ids).logits, model(ids, k=2), rtol=0, atol=1e-5)
+    codec = TextCodec.load(tmp_path)
+    prompt = torch.tensor([codec.prompt_ids("12+34=")])
+    ours = model.generate(prompt, 6, k=2)
+    theirs = hf.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert theirs[0, : ours.shape[1]].tolist() == ours[0].tolist()
