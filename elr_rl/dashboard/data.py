@@ -13,11 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from curriculum.passrates import PROFILE_COLUMNS  # the profiler's columns, shown first in this order
-from elr_rl.metrics import CONFIG_FILE, METRICS_FILE, PROFILE_DIR, ROUTING_FILE, read_jsonl, to_json_value
+from elr_rl.metrics import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PROFILE_DIR,
+    ROUTING_FILE,
+    SAMPLES_FILE,
+    canonical_row,
+    read_jsonl,
+    to_json_value,
+)
 
 HIST_BINS = 20
 """Bins over [0, 1] for routing-score, q and pass-rate histograms."""
-
+CURRICULUM_STATE = "curriculum/state.json"
+"""The curriculum service's state (live pass-rate counts per prompt and k), rewritten atomically."""
+MAX_RUN_DEPTH = 3
+"""How deep below a folder of runs to look for run directories."""
 
 
 def _message(level: str, text: str) -> dict[str, str]:
@@ -58,7 +70,10 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         messages.append(_message("error", f"{str(run_dir)!r} is a file, not a run directory."))
         return {"run_dir": str(run_dir), "exists": False, "messages": messages, "signature": "not-a-dir"}
     metrics = run_dir / METRICS_FILE
-    if not metrics.is_file():
+    runs = [] if is_run_dir(run_dir) else list_runs(run_dir)
+    if runs:
+        messages.append(_message("info", f"{str(run_dir)!r} is a folder of {len(runs)} runs: pick one below."))
+    elif not metrics.is_file():
         messages.append(_message(
             "warning", f"No {METRICS_FILE} in this run directory yet: the run has not logged a step."))
     profiles = profile_files(run_dir)
@@ -80,9 +95,18 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "has_routing": (run_dir / ROUTING_FILE).is_file(),
         "profile_files": [p.name for p in profiles],
         "has_config": config.is_file(),
+        "runs": runs,
         "messages": messages,
         "signature": "|".join(sig_parts),
+        "passrate_signature": _mtime(run_dir / CURRICULUM_STATE),
     }
+
+
+def _mtime(path: Path) -> str:
+    try:
+        return str(path.stat().st_mtime_ns)
+    except OSError:
+        return ""
 
 
 def load_metrics(run_dir: Path, offset: int = 0) -> dict[str, Any]:
@@ -95,7 +119,7 @@ def load_metrics(run_dir: Path, offset: int = 0) -> dict[str, Any]:
         if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
             dropped += 1
             continue
-        rows.append(to_json_value(row))
+        rows.append(to_json_value(canonical_row(row)))  # old RL names read as the current scheme
     messages = []
     if dropped:
         messages.append(_message("warning", f"{METRICS_FILE}: skipped {dropped} line(s) that are not metric rows."))
@@ -199,10 +223,131 @@ def load_config_text(run_dir: Path, limit: int = 200_000) -> dict[str, Any]:
 def snapshot(run_dir: Path) -> dict[str, Any]:
     """Everything the page shows, in one object (the static export inlines it)."""
     run_dir = Path(run_dir)
+    profile = load_profile(run_dir)
     return {
         "status": run_status(run_dir),
         "metrics": load_metrics(run_dir),
         "routing": load_routing(run_dir),
-        "profile": load_profile(run_dir),
+        "profile": profile,
+        "passrates": load_passrates(run_dir, profile),
+        "samples": load_samples(run_dir),
         "config": load_config_text(run_dir),
     }
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory holds metrics.jsonl or a profile table."""
+    return (path / METRICS_FILE).is_file() or bool(profile_files(path))
+
+
+def list_runs(root: Path, depth: int = MAX_RUN_DEPTH) -> list[str]:
+    """Run directories at or below `root` (up to `depth` levels), as paths relative to it ("." for root itself).
+
+    A folder such as runs/quickstart holds several runs (pretrain, sft, rl): the page lists them.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found: list[str] = []
+
+    def walk(folder: Path, level: int) -> None:
+        if is_run_dir(folder):
+            found.append(folder.relative_to(root).as_posix() or ".")
+        if level >= depth:
+            return
+        try:
+            children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError:
+            return
+        for child in children:
+            if child.name in ("tensorboard", "profile", "curriculum") or child.name.startswith("step_"):
+                continue  # a run's own folders and checkpoints hold no runs
+            walk(child, level + 1)
+
+    walk(root, 0)
+    return found
+
+
+def resolve_run(root: Path, name: str | None) -> Path:
+    """The run directory `name` (relative to `root`, as `list_runs` gives it); None or "" is root itself.
+
+    Raises ValueError for a name outside `root` (the page only ever sends listed names).
+    """
+    root = Path(root)
+    if not name or name == ".":
+        return root
+    path = (root / name).resolve()
+    if root.resolve() not in path.parents:
+        raise ValueError(f"run {name!r} is not inside {str(root)!r}")
+    return path
+
+
+def load_samples(run_dir: Path, offset: int = 0) -> dict[str, Any]:
+    """Sample completions (rollouts.jsonl) appended since byte `offset`; old runs' `text` reads as `completion`."""
+    chunk = read_jsonl(Path(run_dir) / SAMPLES_FILE, offset)
+    rows = []
+    for row in chunk.rows:
+        if "completion" not in row and "text" in row:
+            row["completion"] = row.pop("text")
+        rows.append(to_json_value(row))
+    messages = []
+    if chunk.skipped:
+        messages.append(_message("warning", f"{SAMPLES_FILE}: skipped {chunk.skipped} line(s) that are not samples."))
+    return {"rows": rows, "offset": chunk.next_offset, "reset": chunk.reset, "messages": messages}
+
+
+def _profile_counts(profile: dict[str, Any]) -> dict[tuple[str, int], tuple[str, float, float]]:
+    """(prompt_id, k) -> (env, samples, successes) of a column-oriented profile table."""
+    d = profile.get("data") or {}
+    need = ("prompt_id", "env", "k", "samples", "successes")
+    if not all(c in d for c in need):
+        return {}
+    out = {}
+    for pid, env, k, n, s in zip(*(d[c] for c in need)):
+        if isinstance(k, (int, float)) and isinstance(n, (int, float)) and isinstance(s, (int, float)):
+            out[(str(pid), int(k))] = (str(env), float(n), float(s))
+    return out
+
+
+def load_passrates(run_dir: Path, profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The current pass rate of every (prompt, k) the run trains on: `{source, env, k, pass_rate, samples}`.
+
+    The profile table is the starting point; the curriculum's live counts
+    (curriculum/state.json: samples and successes per prompt and k since the run
+    started) are added to it. Only environments the curriculum has routed are kept
+    once live counts exist, so an environment profiled but not trained on drops out.
+    """
+    import json
+
+    run_dir = Path(run_dir)
+    profile = profile if profile is not None else load_profile(run_dir)
+    counts = _profile_counts(profile)
+    live: dict[str, list] = {}
+    path = run_dir / CURRICULUM_STATE
+    messages: list[dict[str, str]] = []
+    if path.is_file():
+        try:
+            state = json.loads(path.read_text())
+            live = state.get("tracker", {}).get("per_k", {})
+        except (OSError, ValueError, AttributeError) as exc:
+            messages.append(_message("warning", f"{CURRICULUM_STATE} could not be read: {exc}"))
+    merged = dict(counts)
+    envs_live = set()
+    for key, pair in live.items():
+        pid, _, k = key.rpartition("|")
+        if not pid or not k.isdigit() or not isinstance(pair, list) or len(pair) != 2:
+            continue
+        env = counts.get((pid, int(k)), (pid.split("/")[0], 0.0, 0.0))[0]
+        envs_live.add(env)
+        _, n0, s0 = merged.get((pid, int(k)), (env, 0.0, 0.0))
+        merged[(pid, int(k))] = (env, n0 + float(pair[0]), s0 + float(pair[1]))
+    cols: dict[str, list] = {"env": [], "k": [], "pass_rate": [], "samples": []}
+    for (_, k), (env, n, s) in sorted(merged.items()):
+        if n <= 0 or (envs_live and env not in envs_live):
+            continue
+        cols["env"].append(env)
+        cols["k"].append(k)
+        cols["pass_rate"].append(s / n)
+        cols["samples"].append(n)
+    source = "live" if envs_live else ("profile" if counts else None)
+    return {"source": source, "file": profile.get("file"), "data": cols, "messages": messages}

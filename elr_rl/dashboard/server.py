@@ -7,6 +7,13 @@
     GET /api/routing?offset=N   routing histograms appended after byte N of curriculum/routing.jsonl
     GET /api/profile            the newest profile table, column-oriented
     GET /api/config             config.yaml as text
+    GET /api/passrates          current pass rate per (prompt, k): the profile plus the curriculum's live counts
+    GET /api/samples?offset=N   sample completions appended after byte N of rollouts.jsonl
+    GET /api/runs               run directories at or below the served folder
+
+Every /api/ call takes `run=NAME` (a name from /api/runs) to read a run below the
+served folder instead of the folder itself; the page uses it to list the runs of
+a folder such as runs/quickstart and to overlay a second run.
 
 Built on the standard library so the dashboard adds no dependency.
 Errors reach the page as `{"error": "..."}` JSON with a one-line message.
@@ -43,8 +50,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         url = urlparse(self.path)
         query = parse_qs(url.query)
-        run_dir = self.server.run_dir
+        root = self.server.run_dir
         try:
+            run_dir = data.resolve_run(root, query.get("run", [""])[0])
             if url.path in ("/", "/index.html"):
                 self._send_file(STATIC_DIR / "index.html")
             elif url.path.startswith("/static/"):
@@ -57,6 +65,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(data.load_routing(run_dir, _offset(query)))
             elif url.path == "/api/profile":
                 self._send_json(data.load_profile(run_dir))
+            elif url.path == "/api/passrates":
+                self._send_json(data.load_passrates(run_dir))
+            elif url.path == "/api/samples":
+                self._send_json(data.load_samples(run_dir, _offset(query)))
+            elif url.path == "/api/runs":
+                self._send_json({"root": str(root), "runs": data.list_runs(root)})
             elif url.path == "/api/config":
                 self._send_json(data.load_config_text(run_dir))
             else:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from elr_rl.dashboard.demo import make_demo_run
+from elr_rl.dashboard.demo import make_demo_collection, make_demo_run
 
 DEMO_STEPS = 30
 
@@ -30,6 +30,12 @@ def find_chromium() -> str | None:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished recorded run, shared read-only by the tests."""
     return make_demo_run(tmp_path_factory.mktemp("runs") / "demo", steps=DEMO_STEPS)
+
+
+@pytest.fixture(scope="session")
+def demo_collection(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of recorded runs (sft, rl, rl_uniform), as the quickstart leaves one."""
+    return make_demo_collection(tmp_path_factory.mktemp("runs") / "collection", steps=DEMO_STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +68,30 @@ def page(browser):
     yield pg
     context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def panel_states(page) -> dict[str, str]:
+    """data-state ("ok" or "empty") of every panel on the page."""
+    return page.eval_on_selector_all("section.panel[data-panel]",
+                                     "els => Object.fromEntries(els.map(e => [e.dataset.panel, e.dataset.state]))")
+
+
+def chart_attr(page, name: str, attr: str) -> int:
+    return int(page.get_attribute(f'[data-chart="{name}"]', f"data-{attr}") or 0)
+
+
+@pytest.fixture
+def serve():
+    """Start dashboard servers for the test; all are closed after it."""
+    from elr_rl.dashboard.server import DashboardServer
+
+    servers = []
+
+    def start(run_dir):
+        srv = DashboardServer(run_dir).start()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.close()

@@ -6,42 +6,17 @@ import os
 import shutil
 from urllib.parse import urlparse
 
-import pytest
-
 from elr_rl.dashboard.demo import DEMO_ENVS, RESTART_STEPS, make_demo_run, write_profile, write_steps
 from elr_rl.dashboard.export import export_html
-from elr_rl.dashboard.server import DashboardServer
 
-from .conftest import DEMO_STEPS
+from .conftest import DEMO_STEPS, chart_attr, panel_states
 
 POLL = "?poll=250"  # fast polling so live tests wait fractions of a second
-CHART_PANELS = ["slots", "mean_q", "passrate_dist", "score_dist", "reward_k", "pass_k", "length_k", "reward_env",
-                "pass_env", "length_env", "staleness", "throughput", "weight_sync", "idle", "restarts",
-                "loss", "kl", "entropy", "clip_frac"]
-ALL_PANELS = CHART_PANELS + ["health_summary", "profile_table"]
-
-
-def panel_states(page) -> dict[str, str]:
-    return page.eval_on_selector_all("section.panel[data-panel]",
-                                     "els => Object.fromEntries(els.map(e => [e.dataset.panel, e.dataset.state]))")
-
-
-def chart_attr(page, name: str, attr: str) -> int:
-    return int(page.get_attribute(f'[data-chart="{name}"]', f"data-{attr}") or 0)
-
-
-@pytest.fixture
-def serve():
-    servers = []
-
-    def start(run_dir):
-        srv = DashboardServer(run_dir).start()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.close()
+CHART_PANELS = ["slots", "mean_q", "passrate_dist", "score_dist", "pass_heat", "val_k", "reward_k", "pass_k",
+                "length_k", "reward_env", "pass_env", "length_env", "zero_std", "dropped", "trained_samples",
+                "grad_norm", "lr", "entropy", "staleness", "throughput", "weight_sync", "idle", "restarts",
+                "loss", "kl", "clip_frac"]
+ALL_PANELS = CHART_PANELS + ["health_summary", "samples", "profile_table"]  # an RL run: all but loss_k and runs
 
 
 def test_every_panel_renders_a_recorded_run(page, demo_run, serve, tmp_path):

@@ -115,3 +115,40 @@ def test_elr_rl_cli_dispatches_dashboard(tmp_path, demo_run):
 
     assert main(["dashboard", str(demo_run), "--export", str(tmp_path / "x.html")]) == 0
     assert (tmp_path / "x.html").is_file()
+
+
+def test_folder_of_runs_is_listed_and_names_stay_inside_it(demo_collection):
+    assert data.list_runs(demo_collection) == ["rl", "rl_uniform", "sft"]
+    status = data.run_status(demo_collection)
+    assert status["runs"] == ["rl", "rl_uniform", "sft"] and "folder of 3 runs" in status["messages"][0]["text"]
+    assert data.run_status(demo_collection / "rl")["runs"] == []
+    assert data.resolve_run(demo_collection, "sft") == (demo_collection / "sft").resolve()
+    with pytest.raises(ValueError, match="not inside"):
+        data.resolve_run(demo_collection, "../../etc")
+
+
+def test_live_pass_rates_add_rollouts_to_the_profile_and_drop_untrained_envs(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "profile").mkdir()
+    pq.write_table(pa.table({"prompt_id": ["a/d1/s0", "b/d1/s0"], "env": ["a", "b"], "k": [1, 1],
+                             "samples": [4, 4], "successes": [1, 4], "pass_rate": [0.25, 1.0]}),
+                   tmp_path / "profile" / "p.parquet")
+    before = data.load_passrates(tmp_path)
+    assert before["source"] == "profile" and sorted(before["data"]["env"]) == ["a", "b"]
+    (tmp_path / "curriculum").mkdir()
+    (tmp_path / "curriculum" / "state.json").write_text(json.dumps(
+        {"tracker": {"per_k": {"a/d1/s0|1": [4, 3], "a/d1/s0|2": [8, 8]}}}))
+    live = data.load_passrates(tmp_path)
+    assert live["source"] == "live"
+    rows = sorted(zip(live["data"]["env"], live["data"]["k"], live["data"]["pass_rate"], live["data"]["samples"]))
+    assert rows == [("a", 1, 0.5, 8.0), ("a", 2, 1.0, 8.0)]  # b was profiled but never trained on
+
+
+def test_old_run_directories_read_in_the_current_names(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "reward/k1": 0.5, "loss/policy": 0.1, "perf/wall_s": 3}\n')
+    (tmp_path / "rollouts.jsonl").write_text('{"step": 0, "prompt_id": "p", "k": 1, "reward": 1.0, "text": "42"}\n')
+    row = data.load_metrics(tmp_path)["rows"][0]
+    assert row == {"step": 0, "critic/score/k1": 0.5, "actor/pg_loss": 0.1, "timing_s/elapsed": 3}
+    assert data.load_samples(tmp_path)["rows"][0]["completion"] == "42"
