@@ -36,10 +36,13 @@ MATH_TIMEOUT_S = 5  # math-verify's own limit, main thread only
 
 _NUMBER_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[+-]?\.\d+")
 _FRACTION_RE = re.compile(r"([+-]?\d+)\s*/\s*(\d+)")
-_UNIT_TAIL_RE = re.compile(r"^(.*?[\d}).])\s*(?:\\(?:text|mathrm|textbf|mbox)\{[^{}]*\}|[A-Za-z%°]+\.?)$")
+# a trailing unit: \text{...} or a word of two or more letters after a space ("55 dollars"), or % / °
+_UNIT_TAIL_RE = re.compile(r"^(.*?[\d}).])(?:\s*\\(?:text|mathrm|textbf|mbox)\{[^{}]*\}|\s+[A-Za-z]{2,}\.?|\s*[%°])$")
 _VAR_PREFIX_RE = re.compile(r"^[A-Za-z]\s*=\s*(?=\S)")
 _LATEX_CMD_RE = re.compile(r"\\[A-Za-z]+")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")
+_LATEX_FRAC_RE = re.compile(r"([+-]?)\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_SCI_RE = re.compile(r"(.+?)\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*([+-]?\d{1,3})\s*\}?")
 _FENCE_RE = re.compile(r"^```[a-zA-Z0-9_+-]*\s*\n(.*?)\n?```\s*$", re.DOTALL)
 _WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
@@ -57,8 +60,8 @@ def _unwrap_command(s: str, command: str) -> str:
     return s
 
 
-def normalise_math(span: str) -> str:
-    """Strip what only dresses an answer: math delimiters, \\boxed{}, `x =`, a trailing unit or period."""
+def strip_wrappers(span: str) -> str:
+    """Remove math delimiters ($, \\(, \\[), a \\boxed{} around the whole span and a final period."""
     s = span.strip()
     for _ in range(3):  # wrappers may nest: $\boxed{55}$
         before = s
@@ -67,13 +70,18 @@ def normalise_math(span: str) -> str:
                 s = s[len(left) : len(s) - len(right)].strip()
         for cmd in ("\\boxed", "\\fbox"):
             s = _unwrap_command(s, cmd)
-        s = _VAR_PREFIX_RE.sub("", s).rstrip(".").strip()
-        m = _UNIT_TAIL_RE.match(s)
-        if m:
-            s = m.group(1).strip()
+        s = s.rstrip(".").strip()
         if s == before:
             break
     return s
+
+
+def normalise_math(span: str) -> str:
+    """`strip_wrappers`, then a leading `x =` and a trailing unit ("55 dollars", "55\\text{ cm}", "55%")."""
+    s = strip_wrappers(span)
+    s = _VAR_PREFIX_RE.sub("", s)
+    m = _UNIT_TAIL_RE.match(s)
+    return strip_wrappers(m.group(1)) if m else s
 
 
 def single_answer(s: str) -> bool:
@@ -98,6 +106,22 @@ def exact_number(s: str) -> Fraction | None:
         return Fraction(int(m.group(1)), int(m.group(2))) if int(m.group(2)) else None
     if _NUMBER_RE.fullmatch(s):
         return Fraction(s.replace(",", ""))
+    return None
+
+
+def latex_number(s: str) -> Fraction | None:
+    """`exact_number`, or a LaTeX fraction (\\frac{3}{4}, -\\dfrac{6}{8}) or scientific notation (5.5 \\times 10^{1})."""
+    n = exact_number(s)
+    if n is not None:
+        return n
+    m = _LATEX_FRAC_RE.fullmatch(s)
+    if m:
+        den = int(m.group(3))
+        return (Fraction(int(m.group(2)), den) * (-1 if m.group(1) == "-" else 1)) if den else None
+    m = _SCI_RE.fullmatch(s)
+    if m:
+        mantissa = exact_number(m.group(1).strip())
+        return None if mantissa is None else mantissa * Fraction(10) ** int(m.group(2))
     return None
 
 
@@ -130,8 +154,9 @@ def parse_math(text: str):
 def math_equal(response: str, gold: str, strict: bool = True) -> bool:
     """Whether `response` states the same mathematical answer as `gold`.
 
-    strict (answer spans): one value only (see `single_answer`); plain numbers compare
-    exactly as rationals without sympy. Not strict (a whole completion): math-verify's
+    strict (answer spans): one value only (see `single_answer`); when the gold answer is a
+    number, the response must be a number too (55, 55.0, 1,234, 3/4, \\frac{3}{4}, 5.5 \\times 10^{1}),
+    compared exactly as rationals without sympy (an echoed expression is not an answer). Not strict (a whole completion): math-verify's
     own extraction picks the answer (the last \\boxed{}, "the answer is ...").
     """
     if not isinstance(response, str) or len(response) > (MAX_SPAN_CHARS if strict else 50 * MAX_SPAN_CHARS):
@@ -141,9 +166,10 @@ def math_equal(response: str, gold: str, strict: bool = True) -> bool:
         response = normalise_math(response)
         if not response or not single_answer(response):
             return False
-        a, b = exact_number(response), exact_number(gold_s)
-        if a is not None and b is not None:
-            return a == b
+        b = latex_number(gold_s)
+        if b is not None:  # a number is asked: the answer is a number, not an expression that evaluates to it
+            a = latex_number(response)
+            return a is not None and a == b
         response = response if response.startswith("$") else f"${response}$"
     mv, _ = _math_verify()
     gold_parsed = _parse_gold(gold_s if gold_s.startswith("$") else f"${gold_s}$")

@@ -19,12 +19,12 @@ from environments.single._common import (
     SingleTurnEnv,
     fmt_num,
     parse_expanded_poly,
-    parse_number,
     parse_poly,
     poly_add,
     poly_mul,
     poly_str,
 )
+from environments.verifiers import math_equal, strip_wrappers
 
 KINDS = ("linear", "expand", "derivative")
 VARS = "xyzw"
@@ -134,9 +134,11 @@ class AlgebraSymbolic(SingleTurnEnv):
                 m = _ASSIGN_RE.fullmatch(part)
                 if not m or m.group(1) in got:
                     return False
-                got[m.group(1)] = parse_number(m.group(2))
-            return got == {v: Fraction(x) for v, x in task.answer.items()}
-        return parse_expanded_poly(span) == parse_poly(task.answer)
+                got[m.group(1)] = m.group(2)
+            want = {v: fmt_num(Fraction(x)) for v, x in task.answer.items()}
+            return got.keys() == want.keys() and all(math_equal(got[v], want[v]) for v in want)
+        # the expanded form is part of the task, so polynomials keep their own parser (wrappers removed)
+        return parse_expanded_poly(strip_wrappers(span)) == parse_poly(task.answer)
 
     def answer_text(self, task: Task) -> str:
         if task.hidden["kind"] == "linear":

@@ -12,6 +12,7 @@ import re
 
 from environments.base import Task
 from environments.single._common import ANSWER_INSTRUCTION, SingleTurnEnv, parse_int
+from environments.verifiers import math_equal, normalise_math
 
 KINDS = ("addsub", "mul", "divmod")
 _DIVMOD_RE = re.compile(r"(\S+)\s*r\s*(\S+)", re.IGNORECASE)
@@ -56,11 +57,11 @@ class ArithMultidigit(SingleTurnEnv):
 
     def check(self, task: Task, span: str) -> bool:
         if task.hidden["kind"] == "divmod":
-            m = _DIVMOD_RE.fullmatch(span.strip())
+            m = _DIVMOD_RE.fullmatch(normalise_math(span))
             if not m:
                 return False
             return [parse_int(m.group(1)), parse_int(m.group(2))] == task.answer
-        return parse_int(span) == task.answer
+        return math_equal(span, str(task.answer))  # the dataset environments' math checker: 55 = 55.0 = \boxed{55}
 
     def answer_text(self, task: Task) -> str:
         if task.hidden["kind"] == "divmod":

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from environments.base import Task
-from environments.single._common import ANSWER_INSTRUCTION, SingleTurnEnv, fmt_num, parse_int, parse_number
+from environments.single._common import ANSWER_INSTRUCTION, SingleTurnEnv, fmt_num
+from environments.verifiers import math_equal
 
 KINDS = ("frac", "mod", "powmod")
 
@@ -105,9 +106,7 @@ class ExprEval(SingleTurnEnv):
         return Task(self.name, seed, difficulty, f"{prompt}\n{ANSWER_INSTRUCTION}", answer, hidden, {"operations": d})
 
     def check(self, task: Task, span: str) -> bool:
-        if task.hidden["kind"] == "frac":
-            return parse_number(span) == Fraction(task.answer)
-        return parse_int(span) == task.answer
+        return math_equal(span, fmt_num(Fraction(task.answer)))  # the shared math checker (3/4 = 0.75)
 
     def answer_text(self, task: Task) -> str:
         return fmt_num(Fraction(task.answer))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 
 from environments.base import Task
-from environments.single._common import ANSWER_INSTRUCTION, SingleTurnEnv, parse_int
+from environments.single._common import ANSWER_INSTRUCTION, SingleTurnEnv
+from environments.verifiers import math_equal
 
 NAMES = ["Ana", "Ben", "Chen", "Dana", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kofi", "Lena", "Mo", "Nia"]
 ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "eggs"]
@@ -81,7 +82,7 @@ class WordProblems(SingleTurnEnv):
         return Task(self.name, seed, difficulty, prompt, q, {"lines": lines}, stats)
 
     def check(self, task: Task, span: str) -> bool:
-        return parse_int(span) == task.answer
+        return math_equal(span, str(task.answer))  # the shared math checker
 
     def answer_text(self, task: Task) -> str:
         return str(task.answer)

@@ -225,3 +225,41 @@ def test_score_is_total_on_any_text(tmp_path, fresh_registry):
     for text in ["<answer>\ud800</answer>", "<answer>" + "(" * 5000 + "</answer>", "<answer>9^9^9^9^9</answer>",
                  "<answer>\\frac{1}{0}</answer>", None, "<answer>" + "1" * 100_000 + "</answer>"]:
         assert isinstance(env.score(task, text), Score)
+
+
+def test_code_tests_run_in_the_sandbox_and_compare_in_the_parent(tmp_path, fresh_registry):
+    rows = [
+        {"prompt": "Read n, print n squared.", "answer": json.dumps({"inputs": ["3\n", "12\n"], "outputs": ["9", "144"]}),
+         "solution": "n = int(input())\nprint(n * n)\n"},
+        {"prompt": "Write add(a, b).", "answer": json.dumps({"fn_name": "add", "inputs": [[1, 2], [5, -5]], "outputs": [3, 0]}),
+         "solution": "```python\ndef add(a, b):\n    return a + b\n```"},
+    ]
+    path = write_parquet(tmp_path / "c.parquet", rows)
+    registry.resolve_envs([{"name": "tinycode", "data": path, "verifier": "code_tests", "response_key": "solution"}])
+    env = registry.get_env("tinycode")
+    for d, seed in env.prompt_keys():
+        task = env.generate(seed, d)
+        assert env.score(task, env.reference_solution(task)).reward == 1.0
+        assert all(env.score(task, bad).reward == 0.0 for bad in env.bad_answers(task))
+        # a program that prints the banner a naive checker would trust still fails
+        assert env.score(task, "<answer>print('PASSED')\nimport sys; sys.exit(0)</answer>").reward == 0.0
+
+
+def test_builtin_math_environments_share_the_math_checker():
+    """One answer format means the same everywhere: 55 = 55.0 = $55$ = \\boxed{55}; hedges and wrong values are 0."""
+    from environments.registry import get_env
+
+    env = get_env("arith_multidigit")
+    task = next(t for t in (env.generate(s, 2) for s in range(10)) if t.hidden["kind"] != "divmod")
+    a = task.answer
+    for good in [f"{a}", f"\\boxed{{{a}}}", f"${a}$", f"{a}.0", f"$\\boxed{{{a}}}$"]:
+        assert env.score(task, f"<answer>{good}</answer>").reward == 1.0, good
+    for bad in [f"{a + 1}", f"{a + 1} or {a}", f"{a}, {a + 1}", f"about {a}", f"{a}.5"]:
+        assert env.score(task, f"<answer>{bad}</answer>").reward == 0.0, bad
+    expr = get_env("expr_eval")
+    frac = next(t for t in (expr.generate(s, 2) for s in range(40)) if t.hidden["kind"] == "frac" and "/" in str(
+        expr.answer_text(t)))
+    num, den = expr.answer_text(frac).split("/")
+    assert expr.score(frac, f"<answer>\\frac{{{num}}}{{{den}}}</answer>").reward == 1.0
+    words = get_env("word_problems").generate(0, 2)
+    assert get_env("word_problems").score(words, f"<answer>{words.answer}.0</answer>").reward == 1.0
