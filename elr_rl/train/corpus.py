@@ -26,6 +26,8 @@ class Document:
     prompt: str
     response: str
     source: str = ""  # the generator, environment or files it came from (for per-source counts)
+    steps: int = 0  # serial steps the task needs (ladder environments), for difficulty-aware loop sampling
+    step_responses: tuple[str, ...] = ()  # the response after each step (the last is `response`), for loop_aux
 
 
 class DocumentSource(Protocol):
@@ -130,7 +132,13 @@ class EnvironmentSource:
             response = self.env.bad_answers(task)[0]  # well-formed, scores 0
         # Rendered by the chat template as a user turn and an assistant turn, exactly as rollouts render
         # prompts (elr_rl.text), so no newline padding on either side.
-        return Document(prompt.rstrip("\n"), response.strip("\n"))
+        doc = Document(prompt.rstrip("\n"), response.strip("\n"))
+        from environments.ladder.base import LadderEnvironment
+
+        if isinstance(self.env, LadderEnvironment) and response == self.env.reference_solution(task):
+            n = self.env.steps_needed(task)  # per-step targets for loop_aux and difficulty-aware sampling
+            doc = replace(doc, steps=n, step_responses=tuple(self.env.step_solution(task, s) for s in range(1, n + 1)))
+        return doc
 
 
 _BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}

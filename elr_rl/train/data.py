@@ -78,6 +78,8 @@ class Packer:
     pending: list = field(default_factory=list)  # [ids, mask] of an unfinished document, or []
     dropped: Counter = field(default_factory=Counter)  # source -> SFT documents skipped as too long
     kept: Counter = field(default_factory=Counter)  # source -> documents packed
+    loop_targets: int = 0  # K > 0: also pack per-loop targets `loop_labels` [B, K, T] (elr_rl.train.loopwise)
+    with_steps: bool = False  # also pack `steps` [B]: the most serial steps a sequence's documents need
 
     def __post_init__(self) -> None:
         if self.next_doc < 0:
@@ -87,18 +89,24 @@ class Packer:
     def split_documents(self) -> bool:
         return self.stage == "pretrain"
 
-    def _take_document(self) -> tuple[list[int], list[bool]]:
+    def _take_document(self) -> list[list]:
+        """[ids, mask, *extras]: parallel per-token lists (extras: loop target rows, steps; see loopwise)."""
         if self.pending:
-            ids, mask = self.pending
+            parts = self.pending
             self.pending = []
-            return ids, mask
+            return parts
         for _ in range(MAX_SKIPS_IN_A_ROW):
             doc = self.source.document(self.next_doc)
             self.next_doc += self.world_size
             ids, mask = tokenize_document(doc, self.codec, self.stage)
             if self.split_documents or len(ids) <= self.seq_len:
                 self.kept[doc.source] += 1
-                return ids, mask
+                if not (self.loop_targets or self.with_steps):
+                    return [ids, mask]
+                from elr_rl.train.loopwise import document_extras
+
+                tokenize = lambda d: tokenize_document(d, self.codec, self.stage)  # noqa: E731
+                return [ids, mask, *document_extras(doc, ids, tokenize, self.loop_targets, self.with_steps)]
             self.dropped[doc.source] += 1  # SFT: never truncate a response
         raise ValueError(
             f"config field `data.seq_len`: {MAX_SKIPS_IN_A_ROW} documents in a row are longer than "
@@ -113,18 +121,22 @@ class Packer:
         segs: list[int] = []
         pos: list[int] = []
         seg = 0
+        extras: list[list[int]] = []
         while len(ids) < T:
-            d_ids, d_mask = self._take_document()
+            parts = self._take_document()
+            d_ids, d_mask = parts[0], parts[1]
             room = T - len(ids)
             if len(d_ids) > room:
                 if self.split_documents:
-                    self.pending = [d_ids[room:], d_mask[room:]]
-                    d_ids, d_mask = d_ids[:room], d_mask[:room]
+                    self.pending = [x[room:] for x in parts]
+                    parts = [x[:room] for x in parts]
+                    d_ids, d_mask = parts[0], parts[1]
                 else:  # SFT: keep the document whole for the next sequence
-                    self.pending = [d_ids, d_mask]
+                    self.pending = parts
                     break
             ids += d_ids
             mask += d_mask
+            extras = [acc + x for acc, x in zip(extras, parts[2:])] if extras else [list(x) for x in parts[2:]]
             segs += [seg] * len(d_ids)
             pos += list(range(len(d_ids)))
             seg += 1
@@ -134,7 +146,12 @@ class Packer:
             mask += [False] * pad
             segs += [seg] * pad
             pos += list(range(pad))
-        return {"input_ids": ids, "positions": pos, "segment_ids": segs, "labels": labels_from_packed(ids, segs, mask)}
+        out = {"input_ids": ids, "positions": pos, "segment_ids": segs, "labels": labels_from_packed(ids, segs, mask)}
+        if self.loop_targets or self.with_steps:
+            from elr_rl.train.loopwise import packed_extras
+
+            out.update(packed_extras(extras, segs, mask, self.loop_targets, self.with_steps, self.codec.pad_token_id))
+        return out
 
     def next_batch(self, batch_size: int) -> dict[str, torch.Tensor]:
         """`batch_size` packed sequences stacked into LongTensors [B, T]."""

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from elr_rl.train.data import IGNORE_INDEX
+from elr_rl.train.data import IGNORE_INDEX, labels_from_packed
 
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -71,3 +71,29 @@ def loop_target_rows(doc, ids: list[int], tokenize: Callable[[object], tuple[lis
     if any(len(v) != len(ids) for v in variants):
         return None
     return [variants[step_of_loop(i, len(steps)) - 1] for i in range(1, K + 1)]
+
+
+def document_extras(doc, ids: list[int], tokenize: Callable[[object], tuple[list[int], list[bool]]],
+                    loop_targets: int, with_steps: bool) -> list[list[int]]:
+    """Per-token lists packed alongside a document's ids: K loop target rows (its own ids when it has no
+    per-step targets), then its serial steps repeated on every token."""
+    out: list[list[int]] = []
+    if loop_targets:
+        out += loop_target_rows(doc, ids, tokenize, loop_targets) or [list(ids)] * loop_targets
+    if with_steps:
+        out.append([int(getattr(doc, "steps", 0))] * len(ids))
+    return out
+
+
+def packed_extras(extras: list[list[int]], segs: list[int], mask: list[bool], loop_targets: int, with_steps: bool,
+                  pad_id: int) -> dict[str, list]:
+    """A packed sequence's `loop_labels` [K, T] (next-token targets of each row, as labels are built)
+    and `steps` (the most serial steps any of its documents needs)."""
+    T = len(segs)
+    out: dict[str, list] = {}
+    if loop_targets:
+        rows = [x + [pad_id] * (T - len(x)) for x in extras[:loop_targets]]
+        out["loop_labels"] = [labels_from_packed(r, segs, mask) for r in rows]
+    if with_steps:
+        out["steps"] = max(extras[-1], default=0)
+    return out

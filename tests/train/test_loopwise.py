@@ -84,3 +84,26 @@ def test_config_refuses_bad_values_and_is_off_by_default():
         LoopAuxConfig(weight=1.0, targets="every").validate()
     with pytest.raises(ValueError, match="loop_aux.weight"):
         LoopAuxConfig(weight=-1.0).validate()
+
+
+@pytest.mark.parametrize("stage", ["sft", "pretrain"])
+def test_packer_carries_per_loop_targets_and_steps_of_ladder_documents(stage):
+    from elr_rl.text import TextCodec
+    from elr_rl.train.config import DataConfig
+    from elr_rl.train.corpus import build_source
+    from elr_rl.train.data import IGNORE_INDEX, Packer
+
+    codec = TextCodec.byte_level()
+    cfg = DataConfig(generators=["env:ladder_automaton"], min_difficulty=1, max_difficulty=4, seq_len=128)
+    source = build_source(cfg, stage)
+    plain = Packer(source, codec, 128, stage).next_batch(3)
+    batch = Packer(source, codec, 128, stage, loop_targets=4, with_steps=True).next_batch(3)
+    assert torch.equal(batch["labels"], plain["labels"]) and torch.equal(batch["input_ids"], plain["input_ids"])
+    assert batch["loop_labels"].shape == (3, 4, 128) and batch["steps"].shape == (3,)
+    assert torch.equal(batch["loop_labels"][:, 3], batch["labels"])  # loop K answers after min(K, D) = D steps
+    # loops before a document's last step target an intermediate state: only the answer symbol differs
+    differs = batch["loop_labels"][:, 0] != batch["labels"]
+    assert 0 < int(differs.sum()) <= int((batch["labels"] != IGNORE_INDEX).sum())
+    assert bool((batch["steps"] >= 1).all()) and bool((batch["steps"] <= 4).all())
+    docs = [source.document(i) for i in range(6)]
+    assert all(d.steps == len(d.step_responses) >= 1 and d.step_responses[-1] == d.response for d in docs)
