@@ -25,16 +25,18 @@ from elr_rl.text import TextCodec
 GenerateFactory = Callable[[ProfileConfig], tuple[GenerateFn, Callable[[], None]]]
 
 
-def load_envs(names: list[str]) -> dict[str, Any]:
-    """name -> environment instance, through the environments registry."""
-    from environments.registry import get_env
+def load_envs(entries: list[Any]) -> dict[str, Any]:
+    """name -> environment instance of `envs` entries (names, dataset environments), through the registry."""
+    from environments.registry import get_env, resolve_envs
 
-    return {name: get_env(name) for name in names}
+    return {name: get_env(name) for name in resolve_envs(entries)}
 
 
 def check_profilable(envs: dict[str, Any], difficulties: list[int]) -> None:
     """Refuse difficulties an environment does not have, before any engine starts."""
     for env in envs.values():
+        if hasattr(env, "prompt_keys"):  # a dataset environment: its rows carry their own difficulties
+            continue
         for d in difficulties:
             env.check_difficulty(d)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 from curriculum.passrates import PROFILE_COLUMNS, read_parquet
-from curriculum.routing import Prompt, build_pool
+from curriculum.routing import Prompt
 from elr_rl.text import ChatOptions, TextCodec
 
 
@@ -55,8 +55,9 @@ class ProfileConfig:
     """Run directory; the table goes to <run_dir>/profile/<name>.parquet."""
     name: str = "profile"
     """Table name (file stem). Tables are read in name order, so use e.g. step_000100 for a run."""
-    envs: list[str] = field(default_factory=lambda: ["arith_multidigit"])
-    """Environments whose prompts are profiled."""
+    envs: list[Any] = field(default_factory=lambda: ["arith_multidigit"])
+    """Environments whose prompts are profiled: names, dataset environments (mappings, all their rows) or YAML
+    files of them (see the RL config's envs.names)."""
     difficulties: list[int] = field(default_factory=lambda: [1, 2, 3])
     """Difficulty levels profiled in every environment."""
     seeds_per_difficulty: int = 16
@@ -137,9 +138,11 @@ class Sampled:
 
 
 def profile_pool(cfg: ProfileConfig) -> list[Prompt]:
-    """The prompts a profile job covers: envs x difficulties x seeds."""
+    """The prompts a profile job covers: envs x difficulties x seeds, and every row of a dataset environment."""
+    from environments.sources import pool_keys
+
     seeds = range(cfg.seed_offset, cfg.seed_offset + cfg.seeds_per_difficulty)
-    return build_pool(cfg.envs, cfg.difficulties, seeds)
+    return [Prompt(*key) for key in pool_keys(cfg.envs, cfg.difficulties, seeds)]
 
 
 def count_chunk(

@@ -10,7 +10,7 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="elr-rl eval", description=__doc__)
     p.add_argument("checkpoint")
-    p.add_argument("--envs", default="even_odd", help="comma-separated environment names")
+    p.add_argument("--envs", default="even_odd", help="comma-separated environment names or YAML files of dataset environments")
     p.add_argument("--k", default="1,2,3,4", help="comma-separated loop counts")
     p.add_argument("--difficulty", type=int, default=1)
     p.add_argument("-n", "--num-tasks", type=int, default=32)

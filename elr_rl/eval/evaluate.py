@@ -20,8 +20,9 @@ from elr_rl.text import ChatOptions, TextCodec
 class EvalConfig:
     """What `elr-rl eval` measures."""
 
-    envs: list[str] = field(default_factory=lambda: ["even_odd"])
-    """Environments to evaluate on."""
+    envs: list[Any] = field(default_factory=lambda: ["even_odd"])
+    """Environments to evaluate on: names, dataset environments (mappings; their first `num_tasks` rows by
+    row hash: point them at a held-out file or split) or YAML files of them."""
     ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Loop counts."""
     difficulty: int = 1
@@ -56,10 +57,13 @@ class EvalConfig:
 
 def held_out_tasks(cfg: EvalConfig) -> dict[str, list]:
     """The held-out set: `num_tasks` tasks per environment at seeds `seed_offset`, `seed_offset + 1`, ...
-    (RL's validation during training uses the same set: elr_rl/rl/validation.py)."""
-    from environments.registry import get_env
+    (RL's validation during training uses the same set: elr_rl/rl/validation.py); a dataset environment's
+    first `num_tasks` rows (environments.sources.eval_keys)."""
+    from environments.registry import get_env, resolve_envs
+    from environments.sources import eval_keys
 
-    return {e: [get_env(e).generate(cfg.seed_offset + i, cfg.difficulty) for i in range(cfg.num_tasks)] for e in cfg.envs}
+    return {e: [get_env(e).generate(s, d) for d, s in eval_keys(e, cfg.num_tasks, cfg.seed_offset, cfg.difficulty)]
+            for e in resolve_envs(cfg.envs)}
 
 
 def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[dict[str, Any]]:

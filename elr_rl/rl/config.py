@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from curriculum.routing import CurriculumConfig
 from elr_rl.metrics import MetricsConfig
@@ -152,10 +152,12 @@ class LearnerConfig:
 
 @dataclass
 class EnvsConfig:
-    """The prompt pool: environments x difficulties x seeds."""
+    """The prompt pool: environments x difficulties x seeds, and dataset environments' rows."""
 
-    names: list[str] = field(default_factory=lambda: ["arith_multidigit"])
-    """Registered environment names (`elr-rl envs list`)."""
+    names: list[Any] = field(default_factory=lambda: ["arith_multidigit"])
+    """Sources: registered environment names (`elr-rl envs list`), dataset environments (mappings with name,
+    data, prompt_key, answer_key, verifier, ...: environments/dataset.py DatasetSpec) or YAML files of them;
+    any entry may carry a `weight` (its share of the pool; `{name: arith_multidigit, weight: 2}`)."""
     difficulties: list[int] = field(default_factory=lambda: [1])
     """Difficulty levels of the pool."""
     num_seeds: int = 64
@@ -168,6 +170,12 @@ class EnvsConfig:
     def validate(self) -> None:
         if not self.names:
             _fail("envs.names", "no environment given", "name at least one (elr-rl envs list)")
+        from environments.registry import resolve_envs
+
+        try:  # dataset files are read and checked here, before Ray or any engine starts
+            resolve_envs(self.names)
+        except ValueError as exc:
+            _fail("envs.names", str(exc), "fix the entry or the file it names")
         if self.num_seeds < 1:
             _fail("envs.num_seeds", f"got {self.num_seeds}", "use 1 or more")
 

@@ -56,26 +56,30 @@ class Driver:
     def _start(self) -> None:
         import ray
 
-        from curriculum.routing import build_pool
+        from curriculum.routing import Prompt
         from curriculum.service import start_curriculum_service
         from elr_rl.config import save_config
         from elr_rl.metrics import MetricsWriter
         from elr_rl.rl.learner import LearnerGroup
         from environments.pool import ScoringPool
-        from environments.registry import load_env_class
+        from environments.registry import load_env_class, resolve_envs
+        from environments.sources import pool_keys
 
         c = self.cfg
         # The checkpoint's tokenizer and chat template, checked before Ray or any engine starts.
         TextCodec.load(c.model_path, c.rollout.chat)
+        # Registers the dataset environments among envs.names before Ray starts (actors inherit them).
+        names = resolve_envs(c.envs.names)
         if not ray.is_initialized():
             ray.init(address=c.run.ray_address or "local", num_cpus=c.run.ray_num_cpus, include_dashboard=False,
                      log_to_driver=False, logging_level=logging.WARNING)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(c, self.run_dir / "config.yaml")
-        self.env_classes = {name: load_env_class(name) for name in c.envs.names}
+        self.env_classes = {name: load_env_class(name) for name in names}
         resume = latest_checkpoint(self.run_dir) if c.run.resume else None
         self.state = RunState.load(resume) if resume else None
-        pool = build_pool(c.envs.names, c.envs.difficulties, range(c.envs.seed_offset, c.envs.seed_offset + c.envs.num_seeds))
+        seeds = range(c.envs.seed_offset, c.envs.seed_offset + c.envs.num_seeds)
+        pool = [Prompt(*key) for key in pool_keys(c.envs.names, c.envs.difficulties, seeds)]
         # The RL checkpoint carries the curriculum state: never pick up a newer state.json of a killed run.
         self.curriculum = start_curriculum_service(c.curriculum, pool, str(self.run_dir), resume=False)
         self.metrics = MetricsWriter.from_config(self.run_dir, c.metrics, run_config=c)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -13,6 +14,10 @@ def actor_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
     """
     import ray
 
+    from environments.registry import SPECS_ENV
+
     job_env = dict(ray.get_runtime_context().runtime_env or {})
+    if os.environ.get(SPECS_ENV):  # dataset environments of this run resolve by name in every actor
+        env_vars = {SPECS_ENV: os.environ[SPECS_ENV], **env_vars}
     job_env["env_vars"] = {**job_env.get("env_vars", {}), **env_vars}
     return job_env

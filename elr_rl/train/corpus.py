@@ -108,9 +108,10 @@ class EnvironmentSource:
     `elr_rl.environments`): the task's prompt, then the environment's worked response."""
 
     def __init__(self, env_name: str, seed: int, wrong_answer_fraction: float = 0.0) -> None:
-        from environments.registry import get_env
+        from environments.registry import get_env, resolve_envs
 
-        try:
+        try:  # a name, or the YAML file of a dataset environment (env:data/gsm8k.yaml)
+            env_name = resolve_envs([env_name])[0]
             self.env = get_env(env_name)
         except ValueError as exc:
             raise ValueError(
@@ -122,6 +123,8 @@ class EnvironmentSource:
     def document(self, index: int, difficulty: int) -> Document:
         from environments.base import split_worked
 
+        if hasattr(self.env, "sft_pair"):  # a dataset environment: its prompt and response_key columns
+            return Document(*self.env.sft_pair(index))
         lo, hi = self.env.min_difficulty, self.env.max_difficulty
         second = False
         if self.wrong_answer_fraction:  # documents 2i and 2i + 1 share a task (MixedSource pairs them)
