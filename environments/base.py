@@ -59,13 +59,33 @@ class Score:
         return cls(1.0 if ok else 0.0, bool(ok), {"accuracy": float(ok), **components})
 
 
+def tag_spans(text: str, tag: str) -> list[str]:
+    """Bodies of every `<tag>...</tag>`, left to right, non-nested (what `ANSWER_RE.findall` finds).
+
+    Linear in len(text) for any input: a regex with a lazy body rescans the rest of
+    the text from every unclosed opening tag (200 KB of `<answer>` took seconds)."""
+    if not isinstance(text, str):
+        return []
+    open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+    spans, pos = [], 0
+    while True:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            return spans
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:  # no later opening tag can be closed either
+            return spans
+        spans.append(text[start + len(open_tag) : end])
+        pos = end + len(close_tag)
+
+
 def extract_answer(completion: str) -> str | None:
     """The single answer span of a completion, stripped; None if absent, empty or ambiguous.
 
     Several <answer> blocks are accepted only when they all hold the same text
     (a model that hedges with different answers scores 0).
     """
-    spans = [s.strip() for s in ANSWER_RE.findall(completion)]
+    spans = [s.strip() for s in tag_spans(completion, "answer")]
     spans = [s for s in spans if s]
     if not spans or len(set(spans)) != 1:
         return None

@@ -32,6 +32,7 @@ from environments.base import Score, Task
 from environments.registry import load_env_class
 
 log = logging.getLogger(__name__)
+_SECONDS_PER_CHAR = 1e-6
 
 
 def _worker_main(conn: Connection) -> None:
@@ -85,6 +86,10 @@ class _Worker:
         self.proc.kill()
         self.proc.join(timeout=5)
         self.conn.close()
+        # A worker killed mid-job never ran its sandbox's cleanup: remove the job folders it made.
+        from environments.sandbox import remove_leftovers
+
+        remove_leftovers(self.proc.pid)
 
 
 class ScoringPool:
@@ -116,7 +121,9 @@ class ScoringPool:
         if env_name not in self._limits:
             cls = load_env_class(env_name)  # unknown names fail here, in the caller
             self._limits[env_name] = (max(1, int(cls.max_concurrency)), float(cls.score_timeout_s))
-        job = _Job(next(self._ids), env_name, task, completion, timeout_s or self._limits[env_name][1], Future())
+        # The bound grows linearly with the input (scorers are linear-time): 1 s more per MB of text.
+        timeout_s = timeout_s or self._limits[env_name][1] + len(completion) * _SECONDS_PER_CHAR
+        job = _Job(next(self._ids), env_name, task, completion, timeout_s, Future())
         with self._lock:
             self._pending.append(job)
         self._wake()

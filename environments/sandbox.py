@@ -483,6 +483,10 @@ class Sandbox:
         if self.root is None:
             raise RuntimeError("sandbox is closed")
         limits = limits or self.limits
+        if any("\x00" in a for a in argv):  # exec cannot pass it: the job never starts
+            return RunResult("", "argument contains a NUL byte", 127, False, False, 0.0, self.tier)
+        # Lone surrogates cannot be encoded for exec: they become U+FFFD, as a terminal would show them.
+        argv = [a.encode("utf-8", "replace").decode("utf-8") for a in argv]
         res = run_job(argv, self.root, tier=self.tier, limits=limits, stdin=stdin, io_dir=self._base)
         if not self.quota_mounted and host.tree_bytes(self.root) > limits.disk_mb << 20:
             res.over_disk_quota = True

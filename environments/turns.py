@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TAG_RE = re.compile(r"<(?P<tag>[a-z_]+)(?P<attrs>(?:\s+[a-z_]+=\"[^\"]*\")*)\s*>(?P<body>.*?)</(?P=tag)>", re.DOTALL)
+# An opening tag at a given position; bounded pieces keep each attempt O(1) in the text's length.
+_OPEN_RE = re.compile(r"<(?P<tag>[a-z_]{1,32})(?P<attrs>(?:\s{1,8}[a-z_]{1,32}=\"[^\"]{0,4096}\"){0,8})\s{0,8}>")
 _ATTR_RE = re.compile(r"([a-z_]+)=\"([^\"]*)\"")
 
 
@@ -24,13 +25,39 @@ class Action:
     body: str
 
 
+def scan_actions(turn: str, allowed: tuple[str, ...]) -> list[Action]:
+    """Every `<tag attrs>body</tag>` with tag in `allowed`, left to right, not nested.
+
+    Linear in len(turn): an opening tag that is never closed is remembered, so its
+    later copies are not searched again (a lazy regex rescans the rest of the text
+    from every one of them)."""
+    found: list[Action] = []
+    unclosed: set[str] = set()
+    pos = 0
+    while True:
+        lt = turn.find("<", pos)
+        if lt < 0:
+            return found
+        m = _OPEN_RE.match(turn, lt)
+        if m is None or m.group("tag") not in allowed or m.group("tag") in unclosed:
+            pos = lt + 1
+            continue
+        tag = m.group("tag")
+        end = turn.find(f"</{tag}>", m.end())
+        if end < 0:
+            unclosed.add(tag)
+            pos = lt + 1
+            continue
+        found.append(Action(tag, dict(_ATTR_RE.findall(m.group("attrs") or "")), turn[m.end() : end]))
+        pos = end + len(tag) + 3
+
+
 def parse_action(turn: str, allowed: tuple[str, ...]) -> Action | None:
     """The single action among `allowed` tags in `turn`, or None if there is not exactly one."""
-    found = [m for m in _TAG_RE.finditer(turn) if m.group("tag") in allowed]
-    if len(found) != 1:
+    if not isinstance(turn, str):
         return None
-    m = found[0]
-    return Action(m.group("tag"), dict(_ATTR_RE.findall(m.group("attrs") or "")), m.group("body"))
+    found = scan_actions(turn, allowed)
+    return found[0] if len(found) == 1 else None
 
 
 def format_help(allowed: tuple[str, ...]) -> str:

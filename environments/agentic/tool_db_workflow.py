@@ -119,12 +119,12 @@ def _call_tool(world: World, body: str) -> Any:
     """Run one untrusted tool call; every malformed call becomes an error result, never an exception."""
     try:
         call = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         return {"error": "the tool call is not valid JSON"}
     if not isinstance(call, dict) or not isinstance(call.get("arguments", {}), dict):
         return {"error": 'expected {"name": ..., "arguments": {...}}'}
     name, args = call.get("name"), call.get("arguments", {})
-    if name not in TOOLS:
+    if not isinstance(name, str) or name not in TOOLS:  # {"name": []} is unhashable
         return {"error": f"unknown tool {name!r}; tools: {sorted(TOOLS)}"}
     schema = SCHEMAS[name]["parameters"]
     props = schema["properties"]

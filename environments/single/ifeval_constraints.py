@@ -14,6 +14,7 @@ import json
 import math
 import random
 import re
+import unicodedata
 
 from environments.base import Task
 from environments.single._common import ANSWER_INSTRUCTION, SingleTurnEnv
@@ -52,11 +53,29 @@ SLOTS = [
     "json",
     "kw_count",
 ]
-_WORD_RE = re.compile(r"[A-Za-z0-9']+")
+# A word: letters or digits of any script, with inner apostrophes (words in Cyrillic count too).
+_WORD_RE = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*")
+# Letters of other scripts that a reader takes for Latin ones (Cyrillic, Greek, Armenian, IPA look-alikes).
+_CONFUSABLES = str.maketrans(
+    dict(p.split(":") for p in (
+        "А:A В:B Е:E З:3 К:K М:M Н:H О:O Р:P С:C Т:T У:Y Х:X Ѕ:S І:I Ј:J "
+        "а:a е:e о:o р:p с:c у:y х:x ѕ:s і:i ј:j һ:h ӏ:l ԁ:d ԛ:q ԝ:w ɡ:g ɑ:a ı:i "
+        "Α:A Β:B Ε:E Ζ:Z Η:H Ι:I Κ:K Μ:M Ν:N Ο:O Ρ:P Τ:T Υ:Y Χ:X "
+        "ο:o α:a ρ:p ν:v υ:u ι:i κ:k χ:x τ:t օ:o ս:u հ:h ո:n զ:q ց:g"
+    ).split())
+)
+
+
+def reader_view(text: str) -> str:
+    """The text as a reader sees it: NFKC (full-width, ligatures, math letters), invisible format
+    characters (zero-width spaces and joiners, soft hyphens) removed, look-alike letters folded to Latin."""
+    text = unicodedata.normalize("NFKC", text)
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    return text.translate(_CONFUSABLES)
 
 
 def words(text: str) -> list[str]:
-    return _WORD_RE.findall(text)
+    return _WORD_RE.findall(reader_view(text))
 
 
 def count_word(text: str, w: str) -> int:
