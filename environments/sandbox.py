@@ -61,6 +61,8 @@ NOBODY = 65534
 _PR_SET_PDEATHSIG = 1
 # Loaded here, not between fork and exec: dlopen in a forked child of a threaded parent can deadlock.
 _LIBC = ctypes.CDLL(None, use_errno=True)
+# Found once: a caller's PATH may change later.
+_CHMOD, _RM = shutil.which("chmod") or "/bin/chmod", shutil.which("rm") or "/bin/rm"
 # Address space a process needs beyond its data limit (code, libraries, stacks) when no cgroup counts memory.
 _AS_HEADROOM_MB = 256
 
@@ -297,8 +299,8 @@ def remove_tree(path: str | Path) -> None:
         return
     host.unmount_below(Path(path))
     # chmod/rm walk iteratively (fts) and never follow links; Python's rmtree recurses.
-    subprocess.run(["chmod", "-R", "u+rwX", "--", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    subprocess.run(["rm", "-rf", "--", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([_CHMOD, "-R", "u+rwX", "--", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([_RM, "-rf", "--", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if os.path.lexists(path):
         log.warning("sandbox: could not remove %s", path)
 
@@ -459,6 +461,10 @@ class Sandbox:
         uid, gid = _as_sandbox_user()
         for rel, content in files.items():
             path = self._resolve(rel)
+            for parent in reversed(path.relative_to(self.root).parents):  # a FIFO or file where a folder must be
+                full = self.root / parent
+                if os.path.lexists(full) and not stat.S_ISDIR(os.lstat(full).st_mode):
+                    os.unlink(full)
             path.parent.mkdir(parents=True, exist_ok=True)
             data = content.encode("utf-8", "replace") if isinstance(content, str) else content
             if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
