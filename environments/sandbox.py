@@ -353,6 +353,29 @@ def configured_tier() -> tuple[str, bool]:
     return tier, os.environ.get("ELR_SANDBOX_ALLOW_WEAKER_TIER", "0").lower() in ("1", "true", "yes")
 
 
+@dataclass
+class SandboxConfig:
+    """Isolation of model-written code (environments/sandbox.py); the tier in force is printed at start."""
+
+    tier: str = "bwrap"
+    """Tier jobs must run under: bwrap (bubblewrap: the job sees only system programs, the interpreter's standard
+    library and its own folder), unshare (namespaces, the host's other top-level folders covered), rlimit (limits
+    only: network open, host files readable). A tier that cannot run stops the command with what to install."""
+    allow_weaker_tier: bool = False
+    """Accept the strongest weaker tier that runs when `tier` cannot (printed at start and recorded in the run's
+    summary.json); off: no silent downgrade."""
+
+    def validate(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"config field `sandbox.tier`: got {self.tier!r}; choose one of {', '.join(TIERS)}")
+
+    def apply(self) -> str:
+        """Fix the tier for this process and the processes it starts; the tier in force (raises if none may run)."""
+        self.validate()
+        configure(self.tier, self.allow_weaker_tier)
+        return detect_tier()
+
+
 def configure(tier: str, allow_weaker_tier: bool) -> None:
     """Set the tier for this process and the workers it starts (they inherit the environment)."""
     if tier not in TIERS:

@@ -13,6 +13,7 @@ from curriculum.routing import CurriculumConfig
 from elr_rl.metrics import MetricsConfig
 from elr_rl.text import ChatOptions
 from elr_rl.train.config import EngineConfig, OptimConfig
+from environments.sandbox import SandboxConfig
 
 
 def _fail(field_name: str, problem: str, fix: str) -> None:
@@ -230,8 +231,10 @@ class RLConfig:
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(batch_size=8))
     envs: EnvsConfig = field(default_factory=EnvsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def validate(self) -> None:
+        self.sandbox.validate()
         if not (Path(self.model_path) / "config.json").is_file():
             _fail("model_path", f"{self.model_path!r} is not a checkpoint folder (no config.json)",
                   "point it at a pretrain/SFT output (e.g. runs/quickstart/sft/final)")

@@ -70,6 +70,10 @@ class Driver:
         TextCodec.load(c.model_path, c.rollout.chat)
         # Registers the dataset environments among envs.names before Ray starts (actors inherit them).
         names = resolve_envs(c.envs.names)
+        # The sandbox tier, fixed before Ray starts (its processes inherit it); an error if it cannot run.
+        self.sandbox_tier = c.sandbox.apply()
+        log.warning("sandbox tier: %s (configured %s, allow_weaker_tier=%s)", self.sandbox_tier, c.sandbox.tier,
+                    c.sandbox.allow_weaker_tier)
         if not ray.is_initialized():
             ray.init(address=c.run.ray_address or "local", num_cpus=c.run.ray_num_cpus, include_dashboard=False,
                      log_to_driver=False, logging_level=logging.WARNING)
@@ -182,7 +186,9 @@ class Driver:
                        "pending_groups": pending, "restarted_workers": getattr(self, "worker_restarts", 0),
                        "resumed_from_step": self.state.step if getattr(self, "state", None) else None,
                        "final_checkpoint": getattr(self, "last_checkpoint", None),
-                       "placement": getattr(self, "placement", None)}
+                       "placement": getattr(self, "placement", None),
+                       "sandbox": {"tier": getattr(self, "sandbox_tier", None), "configured": c.sandbox.tier,
+                                   "allow_weaker_tier": c.sandbox.allow_weaker_tier}}
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             self._shutdown()
         return summary
