@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the project uses beyond Python, installed only when missing:
 #   chromium    the dashboard's browser tests (Playwright drives this system browser; never `playwright install`)
-#   bubblewrap  the strongest sandbox tier for model-written code (environments/sandbox.py falls back without it)
+#   bubblewrap  the sandbox tier for model-written code (environments/sandbox.py: without it, scoring stops with an
+#               error unless sandbox.allow_weaker_tier=true)
 set -euo pipefail
 need=()
 [ -x /usr/bin/chromium ] || [ -n "${ELR_CHROMIUM:-}" ] || need+=(chromium)
