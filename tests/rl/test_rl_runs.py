@@ -53,12 +53,23 @@ def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, 
 
 
 def test_staleness_zero_gives_unit_ratios_on_the_first_update(toy_checkpoint, ray_cluster, tmp_path):
-    cfg = make_config(toy_checkpoint, tmp_path / "run", run={"total_steps": 4},
+    cfg = make_config(toy_checkpoint, tmp_path / "run",
+                      run={"total_steps": 4, "eval_interval": 2, "eval_num_tasks": 4, "sample_log_interval": 2},
                       async_={"max_staleness": 0}, algo={"updates_per_batch": 2, "dynamic_sampling": False})
     Driver(cfg).run()
+    # held-out validation at steps 2 and 4: greedy pass@1 per k on the held-out set, in the step's row
+    validated = {x["step"]: x for x in rows(tmp_path / "run") if "val/pass_at_1/k1" in x}
+    assert sorted(validated) == [2, 4]
+    for x in validated.values():
+        for k in cfg.curriculum.loop_counts:
+            assert 0.0 <= x[f"val/pass_at_1/k{k}"] <= 1.0 and x[f"val/pass_at_1/even_odd/k{k}"] == x[f"val/pass_at_1/k{k}"]
+            assert x[f"val/response_length/k{k}"] > 0
+    samples = [json.loads(line) for line in open(tmp_path / "run" / "rollouts.jsonl")]
+    assert {s["step"] for s in samples} == {2, 4}
+    assert all(s["env"] == "even_odd" and s["prompt"] and s["policy_version"] >= 0 for s in samples)
     for x in rows(tmp_path / "run"):
         assert x["async/staleness_max"] == 0
-        assert x["ratio_max_dev/update0"] < 1e-6
+        assert x["actor/ratio_max_dev/update0"] < 1e-6
         assert abs(x["actor/is_weight_mean/update0"] - 1.0) < 1e-3
     # the second update moved the policy away from the old logprobs
     assert any(abs(x["actor/ratio_mean"] - 1.0) > 1e-6 for x in rows(tmp_path / "run"))
