@@ -100,3 +100,35 @@ def check_env(env: Environment, seeds: list[int], difficulties: list[int] | None
             res.failures.append(f"difficulty {d + 1} is not harder than {d} by any task stat")
     res.seconds = time.monotonic() - start
     return res
+
+
+def check_dataset(env: Environment, sample: int = 32) -> CheckResult:
+    """Golden checks of a dataset environment on its first `sample` rows (by row hash): the answer column
+    (or the solution column) scores 1 through the verifier, counterfactual wrong answers score 0, and
+    generic bad completions score 0. Failures name the row's file and index."""
+    start = time.monotonic()
+    res = CheckResult(env.name)
+    for d, seed in env.prompt_keys()[:sample]:  # type: ignore[attr-defined]
+        task = env.generate(seed, d)
+        where = f"{task.hidden['file']} row {task.hidden['index']}"
+        try:
+            reference = env.reference_solution(task)
+        except ValueError as exc:
+            res.failures.append(f"{where}: {exc}")
+            continue
+        score = env.score(task, reference)
+        res.reference_total += 1
+        if score.reward == 1.0 and score.accuracy:
+            res.reference_ok += 1
+        else:
+            res.failures.append(f"{where}: answer scored {score.reward} ({score.error or score.components}): "
+                                f"{reference[:80]!r}")
+        for label, completion in bad_completions(env, task):
+            score = env.score(task, completion)
+            res.bad_total += 1
+            if score.reward == 0.0 and not score.accuracy:
+                res.bad_ok += 1
+            else:
+                res.failures.append(f"{where}: {label} scored {score.reward}: {completion[:80]!r}")
+    res.seconds = time.monotonic() - start
+    return res

@@ -3,6 +3,7 @@
     elr-rl envs list
     elr-rl envs sample arith_multidigit --difficulty 3 -n 3 --seed 0 [--solution]
     elr-rl envs check arith_multidigit code_stdio_algorithms   # or --all
+    elr-rl envs check configs/datasets/tiny_math.yaml          # a dataset environment: its rows
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from environments.base import split_worked
-from environments.checks import CheckResult, check_env
-from environments.registry import get_env, list_envs, load_env_class
+from environments.checks import CheckResult, check_dataset, check_env
+from environments.registry import get_env, list_envs, load_env_class, resolve_envs
 
 
 def _cmd_list(_: argparse.Namespace) -> int:
@@ -48,7 +49,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    names = list_envs() if args.all else args.names
+    names = list_envs() if args.all else resolve_envs(args.names)  # names or dataset-environment YAML files
     if not names:
         raise ValueError("name at least one environment, or pass --all")
     difficulties = [int(d) for d in args.difficulties.split(",")] if args.difficulties else None
@@ -78,6 +79,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _check_one(job: tuple[str, list[int], list[int] | None]) -> CheckResult:
     name, seeds, difficulties = job
     env = get_env(name)
+    if hasattr(env, "prompt_keys"):  # a dataset environment: its rows, not generated seeds
+        return check_dataset(env)
     levels = difficulties and [d for d in difficulties if env.min_difficulty <= d <= env.max_difficulty]
     return check_env(env, seeds, levels or None)
 

@@ -162,13 +162,13 @@ def test_user_function_verifier_in_the_pool(tmp_path, fresh_registry):
     rows = [{"prompt": "Say HELLO", "answer": "HELLO"}]
     path = write_parquet(tmp_path / "u.parquet", rows)
     registry.resolve_envs([{"name": "shout", "data": path, "verifier": f"{__name__}:user_verifier",
-                            "score_timeout_s": 2.0}])
+                            "score_timeout_s": 8.0}])
     env = registry.get_env("shout")
     task = env.generate(env.prompt_keys()[0][1], 1)
     with ScoringPool(num_workers=1) as pool:
         good, half, wrong, raised, hung, after = pool.score_many(
             [("shout", task, f"<answer>{x}</answer>") for x in ["HELLO", "hello", "bye", "raise", "hang", "HELLO"]])
-    assert (good.reward, half.reward, wrong.reward, after.reward) == (1.0, 0.5, 0.0, 1.0)
+    assert (good.reward, half.reward, wrong.reward, after.reward) == (1.0, 0.5, 0.0, 1.0), after.error
     assert raised.reward == 0.0 and "user verifier bug" in raised.error and raised.components["verifier_error"] == 1.0
     assert hung.reward == 0.0 and "timed out" in hung.error
 
@@ -263,3 +263,19 @@ def test_builtin_math_environments_share_the_math_checker():
     assert expr.score(frac, f"<answer>\\frac{{{num}}}{{{den}}}</answer>").reward == 1.0
     words = get_env("word_problems").generate(0, 2)
     assert get_env("word_problems").score(words, f"<answer>{words.answer}.0</answer>").reward == 1.0
+
+
+def never_right(response: str, expected: str, row: dict) -> bool:
+    return False
+
+
+def test_envs_check_reports_failing_rows_with_their_index(tmp_path, fresh_registry):
+    from environments.checks import check_dataset
+
+    path = write_parquet(tmp_path / "m.parquet", MATH_ROWS)
+    registry.resolve_envs([math_entry(path), math_entry(path, name="broken", verifier=f"{__name__}:never_right")])
+    good = check_dataset(registry.get_env("tinymath"))
+    assert good.ok and good.reference_ok == 3 and good.bad_ok == good.bad_total > 3
+    bad = check_dataset(registry.get_env("broken"))
+    assert not bad.ok and bad.reference_ok == 0
+    assert {f.split(":")[0] for f in bad.failures} == {f"{path} row {i}" for i in range(3)}
