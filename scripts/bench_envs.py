@@ -51,6 +51,23 @@ def bench_pool(name: str, n: int, difficulty: int, workers: int) -> float:
     return n / elapsed / workers
 
 
+def bench_math_verifier(n: int) -> tuple[float, float]:
+    """Rows per second on one core of the dataset environments' math checker (environments/verifiers.py):
+    plain numbers (55, 55.0, \\boxed{55}; the rational fast path) and LaTeX answers (math-verify + sympy)."""
+    from environments.verifiers import math_equal
+
+    plain = [(f"\\boxed{{{i}}}" if i % 3 == 0 else f"{i}.0" if i % 3 == 1 else f"${i + 1}$", str(i)) for i in range(n)]
+    latex = [(f"\\frac{{{i}}}{{\\sqrt{{{i + 2}}}}}", f"\\frac{{{i} \\sqrt{{{i + 2}}}}}{{{i + 2}}}") for i in range(1, n + 1)]
+    math_equal("1", "1"), math_equal("\\sqrt{2}", "\\sqrt{2}")  # imports
+    rates = []
+    for pairs in (plain, latex):
+        start = time.perf_counter()
+        for response, gold in pairs:
+            math_equal(response, gold)
+        rates.append(len(pairs) / (time.perf_counter() - start))
+    return rates[0], rates[1]
+
+
 def bench_check(extra: list[str]) -> float:
     start = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "elr_rl.cli", "envs", "check", "--all", *extra], text=True,
@@ -77,6 +94,8 @@ def main() -> int:
         one = bench_in_process(name, args.n, args.difficulty)
         pooled = bench_pool(name, args.n, args.difficulty, args.workers)
         print(f"{name:28s} in-process: {one:8.1f} tasks/s/core   pool: {pooled:8.1f} tasks/s/worker")
+    plain, latex = bench_math_verifier(max(args.n, 200))
+    print(f"{'math verifier':28s} plain numbers: {plain:8.0f} rows/s/core   LaTeX with radicals (math-verify + sympy): {latex:6.1f} rows/s/core")
     if not args.skip_check:
         seconds = bench_check(args.check_args.split())
         print(f"elr-rl envs check --all {args.check_args}: {seconds:.1f} s")
