@@ -148,7 +148,13 @@ def main(argv: list[str]) -> int:
     pd.add_argument("--repeats", type=int, default=5)
     pd.add_argument("--seed", type=int, default=0)
     pd.add_argument("overrides", nargs="*", help="config fields as key=value")
-    args = p.parse_args(argv)
+    args, rest = p.parse_known_args(argv)
+    # key=value overrides may come after options too (`init ckpt/ --tokenizer DIR hidden_size=64`)
+    stray = [a for a in rest if "=" not in a or a.startswith("-")]
+    if stray or (rest and not hasattr(args, "overrides")):
+        p.error(f"unrecognized arguments: {' '.join(stray or rest)}")
+    if rest:
+        args.overrides = [*args.overrides, *rest]
     try:
         return {"init": cmd_init, "info": cmd_info, "demo": cmd_demo}[args.cmd](args)
     except ValueError as exc:
