@@ -279,3 +279,17 @@ def test_envs_check_reports_failing_rows_with_their_index(tmp_path, fresh_regist
     bad = check_dataset(registry.get_env("broken"))
     assert not bad.ok and bad.reference_ok == 0
     assert {f.split(":")[0] for f in bad.failures} == {f"{path} row {i}" for i in range(3)}
+
+
+def test_sft_documents_come_from_the_response_column(tmp_path, fresh_registry):
+    from elr_rl.train.corpus import EnvironmentSource
+
+    rows = [dict(r, solution=f"work... <answer>{r['answer']}</answer>") for r in MATH_ROWS]
+    path = write_parquet(tmp_path / "m.parquet", rows)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(json.dumps(math_entry(path, response_key="solution")))  # JSON is YAML
+    source = EnvironmentSource(str(spec).replace(".yaml", "") + ".yaml", seed=0)
+    docs = [source.document(i, 1) for i in range(3)]
+    assert source.name == "env:tinymath"
+    assert {d.response for d in docs} == {r["solution"] for r in rows}
+    assert all(d.prompt.startswith("What is") and "<answer>" in d.prompt for d in docs)
