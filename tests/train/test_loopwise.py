@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,8 +120,9 @@ def test_sft_run_with_both_options_trains_deep_enough(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "elr_rl.cli", "sft", "configs/sft_ladder.yaml", f"run.output_dir={out}",
            "run.total_steps=3", "run.progress=false", "loops.mode=independent", "loops.force_one_fraction=0",
-           "loops.difficulty_aware=true", "data.min_difficulty=3", "data.max_difficulty=3", "engine.micro_batch_size=2", "engine.grad_accum_steps=2"]
-    subprocess.run(cmd, check=True, capture_output=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+           "loops.difficulty_aware=true", "data.min_difficulty=3", "data.max_difficulty=3",
+           "engine.micro_batch_size=2", "engine.grad_accum_steps=2"]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=str(Path(__file__).parents[2]))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     ks = [k for r in rows if "loops/ks" in r for k in r["loops/ks"]]
     assert len(ks) == 6 and all(k >= 3 for k in ks), ks  # independent draws alone: all >= 3 in 1 of 64 runs
