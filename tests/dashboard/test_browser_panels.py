@@ -150,3 +150,20 @@ def test_a_folder_of_runs_is_listed_and_two_runs_overlay(page, demo_collection, 
     assert "k=1 · rl_uniform" in page.inner_text('[data-chart="reward_k"] .legend')
     assert page.locator('[data-chart="reward_k"] path[stroke-dasharray]').count() == LOOPS
     _shot(page, tmp_path, "overlay")
+
+
+def test_disabled_kl_and_all_zero_series_read_right(page, tmp_path, serve):
+    from elr_rl.metrics import MetricsWriter
+
+    run = tmp_path / "no_kl"
+    with MetricsWriter(run, tensorboard=False) as w:
+        for step in range(1, 4):
+            w.log(step, {"critic/score/mean": 0.5, "async/dropped_stale_frac": 0.0, "timing_s/weight_sync": 0.2,
+                         "timing_s/step": 4.0})
+    (run / "config.yaml").write_text("algo:\n  kl_coef: 0.0\n  clip_low: 0.2\n")
+    _open(page, serve(run).url + "?" + POLL, last_step=3)
+    assert "KL penalty is off" in page.inner_text('[data-chart="kl"]')
+    # A series of zeros sits on a 0..1 axis (no negative ticks), and the sync share is computed from seconds.
+    ticks = page.eval_on_selector_all('[data-chart="dropped"] text.tick', "ts => ts.map(t => t.textContent)")
+    assert "0" in ticks and not any(t.startswith("-") for t in ticks)
+    assert chart_attr(page, "weight_sync", "points") == 3
