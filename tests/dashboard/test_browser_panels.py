@@ -132,6 +132,7 @@ def test_a_folder_of_runs_is_listed_and_two_runs_overlay(page, demo_collection, 
     links = page.eval_on_selector_all("#run-list a", "as => as.map(a => a.dataset.run)")
     assert links == ["rl", "rl_uniform", "sft"]
     assert "folder of 3 runs" in page.inner_text("#banner")
+    assert page.is_hidden('[data-panel="reward_k"]')  # the list, not a page of empty panels
     _shot(page, tmp_path, "folder")
     # The SFT run: loss per k (training, and held-out dashed).
     page.click('#run-list a[data-run="sft"]')

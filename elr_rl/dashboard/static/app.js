@@ -487,7 +487,9 @@
     }
     // A pretraining/SFT run has none of RL's panels: hide their empty frames so loss per k comes first.
     const k = state.main.keys;
-    document.body.dataset.stage = k.has("loss/mean") && !k.has("critic/score/mean") ? "train" : "rl";
+    const folder = !!(state.status && (state.status.runs || []).length) && !state.main.rows.length;
+    document.body.dataset.stage = folder ? "folder" : k.has("loss/mean") && !k.has("critic/score/mean") ? "train" : "rl";
+    if (folder) state.messages.profile = [];  // a folder of runs has no profile of its own: no need to say so
     renderBanner();
     document.body.dataset.ready = "1";
   }
