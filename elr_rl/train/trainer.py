@@ -134,7 +134,7 @@ class Trainer:
         if rank == 0:
             from elr_rl.metrics import MetricsWriter
 
-            self.writer = MetricsWriter.from_config(self.out, cfg.metrics)
+            self.writer = MetricsWriter.from_config(self.out, cfg.metrics, run_config=cfg)
         if cfg.run.resume and (ckpt := latest_checkpoint(self.out)) is not None:
             self._restore(ckpt)
         if rank == 0:
