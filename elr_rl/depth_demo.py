@@ -45,9 +45,9 @@ def evaluate(ckpt: Path, out: Path, tasks: int, difficulties: list[int]) -> dict
     res = {}
     for d in difficulties:
         path = out / f"eval_d{d}.json"
-        cli(f"eval {ckpt.parent.name} D={d}", ["eval", str(ckpt), "--envs", ",".join(ENVS), "--k", ",".join(map(str, KS)),
-                                                "--difficulty", str(d), "-n", str(tasks), "--max-new-tokens", "24",
-                                                "--json", str(path)])
+        cli(f"eval {ckpt.parent.name} D={d}", ["eval", str(ckpt), "--envs", ",".join(ENVS), "--k",
+                                                ",".join(map(str, KS)), "--difficulty", str(d), "-n", str(tasks),
+                                                "--max-new-tokens", "24", "--json", str(path)])
         res[d] = json.loads(path.read_text())
     return res
 
