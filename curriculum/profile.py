@@ -107,6 +107,11 @@ class ProfileConfig:
             )
         if self.loop_counts is not None and (not self.loop_counts or min(self.loop_counts) < 1):
             raise ValueError(f"profile: loop_counts must be loop counts >= 1 (or null for all), got {self.loop_counts}")
+        cfg_file = Path(self.checkpoint) / "config.json"
+        max_loops = json.loads(cfg_file.read_text()).get("max_loops") if cfg_file.is_file() else None
+        if self.loop_counts and max_loops is not None and max(self.loop_counts) > max_loops:
+            raise ValueError(f"profile: loop_counts {self.loop_counts} exceed the checkpoint's max_loops={max_loops}; "
+                             f"use loop counts between 1 and {max_loops}")
         if "/" in self.name or not self.name:
             raise ValueError(f"profile: name {self.name!r} must be a plain file stem")
 
@@ -182,7 +187,7 @@ def run_chunk(
     (max_model_len - max_tokens); an episode that outgrows it ends there.
     """
     tasks = [envs[p.env].generate(p.seed, p.difficulty) for p in prompts]
-    contexts = [codec.prompt_ids(t.prompt) for t in tasks]
+    contexts = [codec.prompt_ids(t.prompt, system=t.system) for t in tasks]
     first = generate(contexts, k, n)
     if len(first) != len(prompts) or any(len(g) != n for g in first):
         raise RuntimeError(f"generate returned {[len(g) for g in first]} completions, expected {n} each")

@@ -25,7 +25,14 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: list
         p = Path(path)
         if not p.is_file():
             raise ValueError(f"config file {str(p)!r} does not exist: pass the path of a YAML file (see configs/)")
-        layers.append(OmegaConf.load(p))
+        try:
+            loaded = OmegaConf.load(p)
+        except Exception as exc:  # yaml's parser errors: say where, without the traceback
+            raise ValueError(f"config file {str(p)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+        if not OmegaConf.is_dict(loaded):
+            raise ValueError(f"config file {str(p)!r} must hold a mapping of sections (key: value), "
+                             f"not a {type(OmegaConf.to_container(loaded)).__name__}")
+        layers.append(loaded)
     if overrides:
         bad = [o for o in overrides if "=" not in o]
         if bad:

@@ -93,6 +93,13 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elr-rl envs", description="list, sample and check the reward environments")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -100,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sample", help="print generated tasks")
     s.add_argument("name")
     s.add_argument("--difficulty", "-d", type=int, default=1)
-    s.add_argument("-n", type=int, default=3, help="number of tasks (seeds seed, seed+1, ...)")
+    s.add_argument("-n", type=_positive, default=3, help="number of tasks (seeds seed, seed+1, ...)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--solution", action="store_true", help="also print the worked solution")
     s.set_defaults(fn=_cmd_sample)

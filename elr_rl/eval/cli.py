@@ -30,6 +30,9 @@ def main(argv: list[str]) -> int:
         print(f"elr-rl eval: {args.checkpoint!r} is not a checkpoint folder (no config.json)")
         return 2
     try:
+        from elr_rl.model.safetensors_check import check_checkpoint_files
+
+        check_checkpoint_files(args.checkpoint)  # before any engine starts
         cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], ks=[int(k) for k in args.k.split(",")],
                          difficulty=args.difficulty, num_tasks=args.num_tasks, seed_offset=args.seed_offset,
                          max_new_tokens=args.max_new_tokens, samples=args.samples, temperature=args.temperature,

@@ -273,6 +273,8 @@ class LoopedForCausalLM(nn.Module):
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None) -> "LoopedForCausalLM":
         from safetensors.torch import load_file
 
+        from elr_rl.model.safetensors_check import check_safetensors
+
         path = Path(path)
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
@@ -280,6 +282,7 @@ class LoopedForCausalLM(nn.Module):
         config = config_from_dict(json.loads(cfg_file.read_text()))
         with torch.device("meta"):
             model = cls(config)
+        check_safetensors(path / "model.safetensors")  # a truncated copy: one clear line
         state = load_file(str(path / "model.safetensors"))
         expected = {n: tuple(t.shape) for n, t in model.state_dict().items()}
         missing = sorted(set(expected) - set(state))

@@ -16,11 +16,15 @@ def main(argv: list[str]) -> int:
     from elr_rl.config import load_config
     from elr_rl.rl.config import RLConfig
 
+    from environments.sandbox import SandboxUnavailable
+
     try:
         cfg = load_config(RLConfig, args.config, args.overrides)
-    except ValueError as exc:
+        tier = cfg.sandbox.apply()  # the tier for this run, fixed before Ray starts
+    except (ValueError, SandboxUnavailable) as exc:
         print(f"elr-rl rl: {exc}")
         return 2
+    print(f"sandbox tier: {tier} (configured {cfg.sandbox.tier}, allow_weaker_tier={cfg.sandbox.allow_weaker_tier})")
     from elr_rl.rl.driver import Driver
 
     summary = Driver(cfg).run()

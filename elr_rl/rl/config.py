@@ -5,6 +5,7 @@ Schema defaults live here; YAML files under configs/ hold values only.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -174,9 +175,17 @@ class EnvsConfig:
         from environments.registry import resolve_envs
 
         try:  # dataset files are read and checked here, before Ray or any engine starts
-            resolve_envs(self.names)
+            names = resolve_envs(self.names)
         except ValueError as exc:
             _fail("envs.names", str(exc), "fix the entry or the file it names")
+        from environments.registry import load_env_class
+
+        for name in names:
+            cls = load_env_class(name)
+            bad = [d for d in self.difficulties if not cls.min_difficulty <= d <= cls.max_difficulty]
+            if bad:
+                _fail("envs.difficulties", f"{name} has no difficulty {bad}",
+                      f"use levels in [{cls.min_difficulty}, {cls.max_difficulty}] for it")
         if self.num_seeds < 1:
             _fail("envs.num_seeds", f"got {self.num_seeds}", "use 1 or more")
 
@@ -216,6 +225,13 @@ class RunConfig:
     progress: bool = True
     """Show a tqdm progress bar."""
 
+    def validate(self) -> None:
+        for name in ("total_steps", "save_interval"):
+            if getattr(self, name) < 1:
+                _fail(f"run.{name}", f"got {getattr(self, name)}", "use 1 or more")
+        if self.stop_after_steps < 0:
+            _fail("run.stop_after_steps", f"got {self.stop_after_steps}", "use 0 (run to total_steps) or more")
+
 
 @dataclass
 class RLConfig:
@@ -238,6 +254,18 @@ class RLConfig:
         if not (Path(self.model_path) / "config.json").is_file():
             _fail("model_path", f"{self.model_path!r} is not a checkpoint folder (no config.json)",
                   "point it at a pretrain/SFT output (e.g. runs/quickstart/sft/final)")
+        from elr_rl.model.safetensors_check import check_checkpoint_files
+
+        try:
+            check_checkpoint_files(self.model_path)
+        except ValueError as exc:
+            _fail("model_path", str(exc), "point it at a complete checkpoint")
+        self.run.validate()
+        max_loops = json.loads((Path(self.model_path) / "config.json").read_text()).get("max_loops")
+        too_deep = [k for k in self.curriculum.loop_counts if max_loops is not None and k > max_loops]
+        if too_deep:
+            _fail("curriculum.loop_counts", f"{too_deep} exceed the checkpoint's max_loops={max_loops}",
+                  f"use loop counts between 1 and {max_loops}")
         for part in (self.rollout, self.algo, self.async_, self.learner, self.envs):
             part.validate()
         r, e = self.run, self.envs

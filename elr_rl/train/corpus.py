@@ -11,6 +11,7 @@ so a data cursor is just an integer and resume is exact. Three kinds:
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ class Document:
     prompt: str
     response: str
     source: str = ""  # the generator, environment or files it came from (for per-source counts)
+    system: str | None = None  # a system message (a dataset environment's system_prompt)
     steps: int = 0  # serial steps the task needs (ladder environments), for difficulty-aware loop sampling
     step_responses: tuple[str, ...] = ()  # the response after each step (the last is `response`), for loop_aux
 
@@ -124,7 +126,8 @@ class EnvironmentSource:
         from environments.base import split_worked
 
         if hasattr(self.env, "sft_pair"):  # a dataset environment: its prompt and response_key columns
-            return Document(*self.env.sft_pair(index))
+            prompt, response, system = self.env.sft_pair(index)
+            return Document(prompt, response, system=system)
         lo, hi = self.env.min_difficulty, self.env.max_difficulty
         second = False
         if self.wrong_answer_fraction:  # documents 2i and 2i + 1 share a task (MixedSource pairs them)
@@ -147,6 +150,28 @@ class EnvironmentSource:
 _BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
+def check_jsonl_rows(path: str | Path, fields: list[str]) -> None:
+    """Every line of a JSON-lines file is an object holding `fields` as strings; else a ValueError naming file and line."""
+    if Path(path).suffix != ".jsonl":
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"config field `data.files`: {path} line {lineno} is not valid JSON ({exc}); "
+                                 "fix or remove that row") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"config field `data.files`: {path} line {lineno} is a {type(row).__name__}, "
+                                 "not a JSON object; write one object per line")
+            bad = [k for k in fields if not isinstance(row.get(k), str)]
+            if bad:
+                raise ValueError(f"config field `data.files`: {path} line {lineno} has no text in {bad} "
+                                 f"(keys: {sorted(row)[:8]}); fix the row or set the field names in data")
+
+
 class FileSource:
     """Rows of local files through `datasets`, visited in a fresh permutation every epoch."""
 
@@ -158,8 +183,11 @@ class FileSource:
         if len(exts) != 1 or next(iter(exts)) not in _BUILDERS:
             raise ValueError(f"config field `data.files`: use files of one type among {sorted(_BUILDERS)}, got {sorted(exts)}")
         builder = _BUILDERS[exts.pop()]
-        self.rows = datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train")
         need = [text_field] if stage == "pretrain" else [prompt_field, response_field]
+        if builder == "json":  # a bad row is named by file and line here, not deep inside `datasets`
+            for path in paths:
+                check_jsonl_rows(path, need)
+        self.rows = datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train")
         if builder == "text":
             need = ["text"] if stage == "pretrain" else need
             text_field = "text"
