@@ -1,168 +1,277 @@
-"""Rollout benchmark: vLLM against the PyTorch model's generate(), on one checkpoint and one batch.
+"""Rollout benchmark: vLLM against the PyTorch model's generate() on an RL-like batch, against the hardware.
 
-Prints a table, then one line of JSON:
-- tokens/s of vLLM and of PyTorch `generate()` at k = 1 and k = 4 (goal: vLLM >= 5x);
-- vLLM's time per generated token at k=4 over k=1 against D_eff(4)/D_eff(1) (goal: within 5%);
-- KV-cache bytes per token at k = 1 and 4 in each cache mode (last_loop: equal);
-- seconds to push a full state dict into the running engine.
+    python scripts/bench_rollout.py [--hidden 1024 --batch 16 --new-tokens 128 --threads 1 2]
 
-    OMP_NUM_THREADS=1 python scripts/bench_rollout.py [--hidden 512 --batch 64 --new-tokens 128 --dtype bfloat16]
+The batch is what an RL step generates: chat prompts of mixed lengths (--prompt-bytes lo hi),
+completions sampled at temperature 1 that stop at the checkpoint's stop token (the model's
+stop-token logit is calibrated so lengths spread like an RL run's: most short, some capped at
+--new-tokens). A plain decoder keeps computing rows that have finished and pads every prompt to
+the longest one; vLLM does neither. Throughput counts useful tokens only (those up to each
+row's stop token), so the ratio vLLM / PyTorch includes the work the plain decoder wastes.
 
-Timings on a shared CPU are noisy: k=1 and k=4 runs alternate and the best of
---repeats is kept, so a load spike hits both alike.
+Decode MFU = model FLOPs per generated token x tokens/s / ceiling (total MFU adds the prompts'
+prefill FLOPs, which decode MFU leaves out), where FLOPs per token =
+2 x (matmul parameters, recurrent ones once per loop) + 4 x (attention executions) x heads x
+head_dim x mean context, and the ceiling is a matrix product timed in this run with the same
+threads and dtype. The dtype is the one whose measured ceiling is higher (bf16 is not assumed
+faster: an AVX2-only CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
+
+Prints a table per thread count, then one line of JSON. Timings on a shared machine are noisy.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train import train_flops_per_token  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=512, help="hidden size of the ELR test model")
-    p.add_argument("--heads", type=int, default=8, help="attention heads (head_dim = hidden / heads)")
-    p.add_argument("--batch", type=int, default=64, help="prompts per batch")
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per setting (best is kept)")
+    p.add_argument("--hidden", type=int, default=1024, help="hidden size (1024: about 47M parameters)")
+    p.add_argument("--heads", type=int, default=16, help="attention heads (head_dim = hidden / heads)")
+    p.add_argument("--batch", type=int, default=16, help="prompts per batch")
+    p.add_argument("--prompt-bytes", type=int, nargs=2, default=(20, 160), help="prompt text length range")
+    p.add_argument("--new-tokens", type=int, default=128, help="completion cap (max_tokens)")
+    p.add_argument("--mean-tokens", type=float, default=40, help="target mean completion length")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts to compare at")
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of both vLLM and PyTorch")
     return p.parse_args(argv)
 
 
+# ------------------------------------------------------------------------------ the hardware
+def cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 1024, reps: int = 5) -> float:
+    """The matrix-product rate now, with this process's threads: the ceiling decode is measured against."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):  # the best rep: on a shared machine the slow ones measure the neighbours
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def pick_dtype(choice: str) -> tuple[str, str]:
+    """(dtype name, why)."""
+    torch.set_num_threads(1)
+    rates = {name: matmul_gflops(getattr(torch, name), 512, 3) for name in ("float32", "bfloat16")}
+    flags = ", ".join(cpu_flags()) or "unknown"
+    measured = f"1-thread matmul fp32 {rates['float32']:.1f} vs bf16 {rates['bfloat16']:.1f} GFLOP/s; " \
+               f"torch capability {torch.backends.cpu.get_cpu_capability()}; flags {flags}"
+    if choice != "auto":
+        return choice, f"--dtype {choice} (measured: {measured})"
+    best = max(rates, key=rates.get)
+    return best, f"{best} is faster here ({measured})"
+
+
+# ------------------------------------------------------------------------------ the workload
 def build_checkpoint(args, path: str):
-    """An ELR model (1 input, 2 recurrent, 1 output blocks; K = 4) with random weights, saved to `path`."""
+    """An ELR model (1 input, 2 recurrent, 1 output blocks; K = 4) with the byte tokenizer, saved to `path`."""
     from elr_rl.model import ElrConfig, LoopedForCausalLM
+    from elr_rl.text import TextCodec
 
     torch.manual_seed(args.seed)
     config = ElrConfig(
-        hidden_size=args.hidden, num_attention_heads=args.heads, num_key_value_heads=args.heads // 2,
+        hidden_size=args.hidden, num_attention_heads=args.heads, num_key_value_heads=max(1, args.heads // 4),
         intermediate_size=int(2.75 * args.hidden), n_input_layers=1, n_recurrent_layers=2, n_output_layers=1,
-        max_loops=4, num_loops=1, max_position_embeddings=args.prompt_len + args.new_tokens + 64,
+        max_loops=4, num_loops=1, max_position_embeddings=args.prompt_bytes[1] + args.new_tokens + 64,
     )
     model = LoopedForCausalLM(config).eval()
+    TextCodec.byte_level().save_pretrained(path)
+    codec = TextCodec.load(path)  # from here on ids come from the checkpoint's own tokenizer
+    prompts = make_prompts(codec, args)
+    calibrate_stop(model, codec.stop_token_ids[0], prompts, args)
     model.save_pretrained(path)
-    return model
+    return model, codec, prompts
 
 
-def interleaved_best(runs: dict[int, callable], repeats: int, warmup: bool = True) -> dict[int, float]:
-    """Best wall time of each run, alternating k=1, k=4, k=1, ... so load spikes on the
-    shared machine hit both loop counts alike (the k4/k1 ratio is the figure that matters)."""
-    best = {k: float("inf") for k in runs}
-    for k, run in runs.items():
-        if warmup:
-            run()
-    for _ in range(repeats):
-        for k, run in runs.items():
-            start = time.perf_counter()
-            run()
-            best[k] = min(best[k], time.perf_counter() - start)
-    return best
+@torch.no_grad()
+def calibrate_stop(model, stop_id: int, prompts: list[list[int]], args) -> None:
+    """Point the stop token's output row at a random direction plus an offset, chosen so that the
+    per-step stop probability, averaged over generation-like contexts (the bench's prompts followed
+    by random bytes, at every benchmarked k), is 1 / mean-tokens. The stop then depends on the
+    context: a spread of lengths, as in a policy that answers some prompts briefly, others at length."""
+    from elr_rl.model.cache import DenseCore
+
+    g = torch.Generator().manual_seed(args.seed)
+    hs = []
+    for p in prompts[:6]:
+        ids = torch.tensor([p + torch.randint(0, 256, (args.new_tokens,), generator=g).tolist()])
+        pos = torch.arange(ids.shape[1])[None]
+        for k in args.ks:
+            h = model.backbone(model.backbone.embeddings(ids), pos, DenseCore(pos), k)[0, len(p):]
+            hs.append(h)
+    h = torch.cat(hs)  # [N, d] final hidden states where completion tokens are sampled
+    others = model.lm_head(h).float()
+    others[:, stop_id] = float("-inf")
+    rest = others.logsumexp(-1)  # log-mass of every other token
+    u = torch.randn(h.shape[-1], generator=g)
+    u = 1.5 * u / (h @ u).std()  # the context-dependent part: spread 1.5 nats
+    hm = h.mean(0)
+    c = hm / hm.dot(hm)  # h . c is about 1 in every context: the offset's direction
+    lo, hi = -200.0, 200.0
+    for _ in range(80):  # bisection: mean over contexts of P(stop) = 1 / mean-tokens
+        b = (lo + hi) / 2
+        if torch.sigmoid(h @ (u + b * c) - rest).mean() > 1.0 / args.mean_tokens:
+            hi = b
+        else:
+            lo = b
+    model.lm_head.weight[stop_id] = (u + b * c).to(model.lm_head.weight.dtype)
 
 
-def bench_pytorch(model, prompts: torch.Tensor, args) -> tuple[dict, dict]:
-    """(tokens/s, KV bytes/token) per k of the PyTorch model's KV-cached generate() in per_loop mode."""
-    def run(k, new_tokens=args.new_tokens):
-        return model.generate(prompts, max_new_tokens=new_tokens, k=k, cache_mode="per_loop", temperature=1.0,
-                              return_cache=True)
+def make_prompts(codec, args) -> list[list[int]]:
+    rng = random.Random(args.seed)
+    lo, hi = args.prompt_bytes
+    words = "the of and to in is was for on that with as by at from it an be this are which or".split()
+    prompts = []
+    for _ in range(args.batch):
+        n = rng.randint(lo, hi)
+        text = ""
+        while len(text) < n:
+            text += rng.choice(words) + " "
+        prompts.append(codec.prompt_ids(text[:n]))
+    return prompts
 
-    # The slow baseline: one timed run per k (no compilation to warm up).
-    seconds = interleaved_best({k: (lambda k=k: run(k)) for k in (1, 4)}, repeats=1, warmup=False)
-    batch = prompts.shape[0]
-    tps = {k: batch * args.new_tokens / s for k, s in seconds.items()}
-    kv = {k: run(k, 4)[1].bytes_per_token() / batch for k in (1, 4)}  # the cache holds the whole batch
-    return tps, kv
+
+def decode_flops(model, k: int, ctx: float) -> float:
+    """Forward FLOPs per generated token (a third of training's forward + backward)."""
+    return train_flops_per_token(model, k, int(round(ctx))) / 3.0
 
 
-def bench_vllm(engine, prompts: list[list[int]], args, ks=(1, 4)) -> dict[int, float]:
-    """Generated tokens/s of the engine per loop count (no stop tokens: every completion is full length)."""
-    def run(k):
-        engine.set_k(k)
-        engine.generate(prompts, n=1, max_tokens=args.new_tokens, temperature=1.0)
+def useful_tokens(rows: list[list[int]], stops: set[int]) -> list[int]:
+    """Tokens of each completion up to and including its first stop token."""
+    out = []
+    for row in rows:
+        n = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+        out.append(n)
+    return out
 
-    seconds = interleaved_best({k: (lambda k=k: run(k)) for k in ks}, args.repeats)
-    return {k: len(prompts) * args.new_tokens / s for k, s in seconds.items()}
+
+def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args) -> dict:
+    """generate() on the batch left-padded to its longest prompt; it stops when every row has stopped."""
+    width = max(len(p) for p in prompts)
+    batch = torch.tensor([[codec.pad_token_id] * (width - len(p)) + p for p in prompts])
+    g = torch.Generator().manual_seed(args.seed + k)
+    start = time.perf_counter()
+    out = model.generate(batch, max_new_tokens=args.new_tokens, k=k, cache_mode="per_loop", temperature=1.0,
+                         eos_token_id=codec.stop_token_ids[0], generator=g)
+    seconds = time.perf_counter() - start
+    rows = out[:, width:].tolist()
+    lengths = useful_tokens(rows, set(codec.stop_token_ids))
+    computed = len(rows) * len(rows[0])  # every row runs until the last one stops
+    return {"seconds": seconds, "tokens": sum(lengths), "computed": computed, "lengths": lengths,
+            "prompt_tokens_computed": len(prompts) * width}
+
+
+def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args) -> dict:
+    engine.set_k(k)
+    start = time.perf_counter()
+    groups = engine.generate(prompts, n=1, max_tokens=args.new_tokens, temperature=1.0,
+                             stop_token_ids=codec.stop_token_ids)
+    seconds = time.perf_counter() - start
+    lengths = [len(g.completions[0].token_ids) for g in groups]
+    return {"seconds": seconds, "tokens": sum(lengths), "computed": sum(lengths), "lengths": lengths,
+            "prompt_tokens_computed": sum(len(p) for p in prompts)}
+
+
+def summarise(run: dict, model, k: int, mean_prompt: float, ceiling: float) -> dict:
+    tps = run["tokens"] / run["seconds"]
+    ctx = mean_prompt + 0.5 * sum(run["lengths"]) / len(run["lengths"])
+    gflops = decode_flops(model, k, ctx) * run["computed"] / run["seconds"] / 1e9
+    # The prompts' prefill is work too (not in decode MFU): counted in the total rate.
+    prefill = decode_flops(model, k, mean_prompt / 2) * run["prompt_tokens_computed"]
+    total = (decode_flops(model, k, ctx) * run["computed"] + prefill) / run["seconds"] / 1e9
+    return {"tokens_per_s": round(tps, 1), "total_gflops": round(total, 2), "total_mfu": round(total / ceiling, 3),
+            "mean_len": round(sum(run["lengths"]) / len(run["lengths"]), 1),
+            "max_len": max(run["lengths"]), "waste": round(1 - run["tokens"] / run["computed"], 3),
+            "gflops": round(gflops, 2), "mfu": round(gflops / ceiling, 3)}
+
+
+def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, args) -> dict:
+    from elr_rl.rollout import EngineOptions, RolloutEngine
+
+    torch.set_num_threads(threads)
+    rates = [matmul_gflops(getattr(torch, dtype))]  # re-measured between runs; the best is the ceiling
+    mean_prompt = sum(len(p) for p in prompts) / len(prompts)
+    raw: dict = {"pytorch": {}, "vllm": {}}
+    with torch.inference_mode():
+        for k in args.ks:
+            raw["pytorch"][k] = bench_pytorch(model, prompts, codec, k, args)
+            rates.append(matmul_gflops(getattr(torch, dtype)))
+    opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens, max_num_seqs=len(prompts),
+                         cpu_threads=threads)
+    engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
+    try:
+        bench_vllm(engine, prompts[:4], codec, 1, args)  # warm-up
+        for k in args.ks:
+            raw["vllm"][k] = bench_vllm(engine, prompts, codec, k, args)
+        kv = {f"k{k}": engine.kv_bytes_per_token(k) for k in args.ks}
+    finally:
+        engine.shutdown()
+    torch.set_num_threads(threads)
+    rates.append(matmul_gflops(getattr(torch, dtype)))
+    ceiling = max(rates)
+    res: dict = {"threads": threads, "ceiling_gflops": round(ceiling, 2),
+                 "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv}
+    for name, runs in raw.items():
+        res[name] = {f"k{k}": summarise(run, model, k, mean_prompt, ceiling) for k, run in runs.items()}
+    res["ratio_vllm_over_pytorch"] = {
+        kk: round(res["vllm"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2) for kk in res["vllm"]}
+    # The goal: ahead by at least the plain decoder's waste, computed / useful tokens.
+    res["plain_waste_factor"] = {kk: round(1 / (1 - res["pytorch"][kk]["waste"]), 2) for kk in res["pytorch"]}
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from elr_rl.rollout import EngineOptions, RolloutEngine
-
-    torch.manual_seed(args.seed)
+    dtype, why = pick_dtype(args.dtype)
+    print(f"dtype: {why}")
     with tempfile.TemporaryDirectory() as ckpt:
-        model = build_checkpoint(args, ckpt)
-        prompts = torch.randint(0, 256, (args.batch, args.prompt_len))
-        as_lists = prompts.tolist()
-        d_eff = {k: model.config.effective_depth(k) for k in (1, 4)}
-        opts = EngineOptions(max_model_len=args.prompt_len + args.new_tokens, max_num_seqs=args.batch)
-        result: dict = {"model_params": model.num_parameters(), "batch": args.batch, "new_tokens": args.new_tokens,
-                        "dtype": args.dtype}
-
-        with torch.inference_mode():
-            torch_tps, torch_kv = bench_pytorch(model.to(getattr(torch, args.dtype)), prompts, args)
-
-        start = time.perf_counter()
-        engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=args.dtype, options=opts)
-        result["engine_start_s"] = round(time.perf_counter() - start, 2)
-        try:
-            vllm_tps = bench_vllm(engine, as_lists, args)
-            kv_per_loop = {k: engine.kv_bytes_per_token(k) for k in (1, 4)}
-            state = {n: t.float() + 0.01 * torch.randn_like(t.float()) for n, t in model.state_dict().items()}
-            update_s = min(engine.update_weights(state) for _ in range(3))
-        finally:
-            engine.shutdown()
-        engine = RolloutEngine(ckpt, k=1, cache_mode="last_loop", dtype=args.dtype, options=opts)
-        try:
-            kv_last_loop = {k: engine.kv_bytes_per_token(k) for k in (1, 4)}
-            last_loop_tps4 = bench_vllm(engine, as_lists, args, ks=(4,))[4]
-        finally:
-            engine.shutdown()
-
-    time_ratio = vllm_tps[1] / vllm_tps[4]  # (time/token at k=4) / (time/token at k=1)
-    depth_ratio = d_eff[4] / d_eff[1]
-    result.update({
-        "vllm_tokens_per_s": {f"k{k}": round(v, 1) for k, v in vllm_tps.items()},
-        "pytorch_tokens_per_s": {f"k{k}": round(v, 1) for k, v in torch_tps.items()},
-        "speedup_vs_pytorch": {f"k{k}": round(vllm_tps[k] / torch_tps[k], 2) for k in (1, 4)},
-        "vllm_last_loop_tokens_per_s_k4": round(last_loop_tps4, 1),
-        "time_per_token_ratio_k4_over_k1": round(time_ratio, 3),
-        "d_eff_ratio_k4_over_k1": round(depth_ratio, 3),
-        "ratio_gap_pct": round(100 * (time_ratio / depth_ratio - 1), 1),
-        "kv_bytes_per_token": {
-            "per_loop": {f"k{k}": v for k, v in kv_per_loop.items()},
-            "last_loop": {f"k{k}": v for k, v in kv_last_loop.items()},
-            "pytorch_per_loop": {f"k{k}": round(v) for k, v in torch_kv.items()},
-        },
-        "weight_update_s": round(update_s, 4),
-    })
-    print_table(result)
+        model, codec, prompts = build_checkpoint(args, ckpt)
+        model = model.to(getattr(torch, dtype))
+        result: dict = {"model_params": model.num_parameters(), "dtype": dtype, "dtype_reason": why,
+                        "batch": args.batch, "new_tokens_cap": args.new_tokens,
+                        "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "runs": []}
+        for threads in args.threads:
+            result["runs"].append(run_at_threads(threads, model, ckpt, prompts, codec, dtype, args))
+            print_table(result["runs"][-1], result)
     print(json.dumps(result))
     return 0
 
 
-def print_table(r: dict) -> None:
-    kv = r["kv_bytes_per_token"]
-    rows = [
-        ("vLLM tokens/s (per_loop)", r["vllm_tokens_per_s"]["k1"], r["vllm_tokens_per_s"]["k4"]),
-        ("PyTorch generate tokens/s", r["pytorch_tokens_per_s"]["k1"], r["pytorch_tokens_per_s"]["k4"]),
-        ("speed-up vLLM / PyTorch", r["speedup_vs_pytorch"]["k1"], r["speedup_vs_pytorch"]["k4"]),
-        ("KV bytes/token per_loop (vLLM)", kv["per_loop"]["k1"], kv["per_loop"]["k4"]),
-        ("KV bytes/token last_loop (vLLM)", kv["last_loop"]["k1"], kv["last_loop"]["k4"]),
-        ("KV bytes/token per_loop (PyTorch)", kv["pytorch_per_loop"]["k1"], kv["pytorch_per_loop"]["k4"]),
-    ]
-    print(f"{'':36s}{'k=1':>12s}{'k=4':>12s}")
-    for name, a, b in rows:
-        print(f"{name:36s}{a:>12}{b:>12}")
-    print(f"time/token k4/k1 = {r['time_per_token_ratio_k4_over_k1']}  vs  D_eff(4)/D_eff(1) = "
-          f"{r['d_eff_ratio_k4_over_k1']}  ({r['ratio_gap_pct']:+.1f}%)")
-    print(f"weight update: {r['weight_update_s']} s for {r['model_params']} parameters; "
-          f"engine start {r['engine_start_s']} s; last_loop k=4 {r['vllm_last_loop_tokens_per_s_k4']} tokens/s")
+def print_table(r: dict, head: dict) -> None:
+    print(f"\n{head['model_params'] / 1e6:.1f}M parameters, {head['dtype']}, {head['batch']} prompts of "
+          f"{head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, cap {head['new_tokens_cap']}; "
+          f"{r['threads']} thread(s), matmul ceiling {r['ceiling_gflops']} GFLOP/s")
+    print(f"{'':10s}{'useful tok/s':>14s}{'mean/max len':>14s}{'waste':>8s}{'GFLOP/s':>10s}{'MFU':>8s}"
+          f"{'+prefill MFU':>14s}")
+    for engine in ("vllm", "pytorch"):
+        for kk, s in r[engine].items():
+            print(f"{engine + ' ' + kk:10s}{s['tokens_per_s']:>14}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+                  f"{s['waste']:>8}{s['gflops']:>10}{s['mfu']:>8.1%}{s['total_mfu']:>14.1%}")
+    for kk, ratio in r["ratio_vllm_over_pytorch"].items():
+        print(f"vLLM / PyTorch {kk}: {ratio}x (plain decoder computes {r['plain_waste_factor'][kk]}x the useful tokens)")
 
 
 if __name__ == "__main__":
