@@ -125,8 +125,9 @@ class TextCodec:
     def vocab_size(self) -> int:
         return len(self.tokenizer)
 
-    def _messages(self, prompt: str) -> list[dict[str, str]]:
-        sys = self.options.system_prompt
+    def _messages(self, prompt: str, system: str | None = None) -> list[dict[str, str]]:
+        """[system?, user]: a task's own system message (a dataset's) wins over the run's system_prompt."""
+        sys = system or self.options.system_prompt
         return ([{"role": "system", "content": sys}] if sys else []) + [{"role": "user", "content": prompt}]
 
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
@@ -137,22 +138,22 @@ class TextCodec:
         """Ids of rendered text (special tokens written in it are parsed as such, no bos/eos added)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def render_prompt(self, prompt: str) -> str:
+    def render_prompt(self, prompt: str, system: str | None = None) -> str:
         """The chat-rendered prompt text (what `prompt_ids` encodes)."""
-        return self._render(self._messages(prompt), True)
+        return self._render(self._messages(prompt, system), True)
 
-    def prompt_ids(self, prompt: str) -> list[int]:
+    def prompt_ids(self, prompt: str, system: str | None = None) -> list[int]:
         """The prompt rendered as a conversation, ending where the model's turn starts."""
-        return self.encode_text(self.render_prompt(prompt))
+        return self.encode_text(self.render_prompt(prompt, system))
 
-    def sft_ids(self, prompt: str, response: str) -> tuple[list[int], list[bool]]:
+    def sft_ids(self, prompt: str, response: str, system: str | None = None) -> tuple[list[int], list[bool]]:
         """(ids, mask) of a prompt and its assistant response; mask marks the assistant's tokens.
 
         The assistant's tokens are what the template adds after the generation prompt, up to and
         including the first stop id (the end of the turn): the model learns to stop. Text the
         template puts after the end of the turn (a newline) is not trained on.
         """
-        msgs = self._messages(prompt)
+        msgs = self._messages(prompt, system)
         head = self._render(msgs, True)
         full = self._render([*msgs, {"role": "assistant", "content": response}], False)
         if full.startswith(head):

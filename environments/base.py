@@ -31,6 +31,7 @@ class Task:
     answer: Any
     hidden: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)  # task statistics that grow with difficulty
+    system: str | None = None  # a system message of the task's own (a dataset's system_prompt), rendered by the chat template
 
     @property
     def id(self) -> str:

@@ -318,11 +318,10 @@ class DatasetEnvironment(Environment):
             raise ValueError(f"dataset environment {self.name!r}: SFT needs response_key (a solution column)")
         seeds = sorted(self.rows)
         row = self.rows[seeds[index % len(seeds)]]
-        return self._prompt_text(row), row.response or ""
+        return self._prompt_text(row), row.response or "", self.spec.system_prompt or None
 
     def _prompt_text(self, row: Row) -> str:
-        parts = [self.spec.system_prompt.strip()] if self.spec.system_prompt else []
-        parts.append(row.prompt.strip())
+        parts = [row.prompt.strip()]  # the system prompt travels as Task.system (a chat system message)
         if self.spec.answer_tag:
             parts.append(ANSWER_INSTRUCTION)
         return "\n\n".join(parts)
@@ -342,7 +341,7 @@ class DatasetEnvironment(Environment):
             raise ValueError(f"{self.name}: row {seed} has difficulty {row.difficulty}, not {difficulty}")
         hidden = {"expected": row.expected, "row": row.columns, "file": row.file, "index": row.index}
         return Task(self.name, row.seed, row.difficulty, self._prompt_text(row), row.answer_text, hidden,
-                    {"prompt_chars": float(len(row.prompt))})
+                    {"prompt_chars": float(len(row.prompt))}, system=self.spec.system_prompt or None)
 
     def _generate(self, rng, seed, difficulty):  # pragma: no cover - generate() is overridden
         raise NotImplementedError

@@ -85,7 +85,7 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
             for k in tqdm(cfg.ks, desc="eval k", disable=not progress):
                 engine.set_k(k)
                 for env_name, env_tasks in tasks.items():
-                    prompts = [codec.prompt_ids(t.prompt) for t in env_tasks]
+                    prompts = [codec.prompt_ids(t.prompt, system=t.system) for t in env_tasks]
                     groups = engine.generate(prompts, n=1, max_tokens=cfg.max_new_tokens, temperature=0.0,
                                              stop_token_ids=stop)
                     comps = [g.completions[0] for g in groups]

@@ -107,14 +107,14 @@ class RolloutWorker:
             self.set_k(k)
             return self.version, self.engine.prompt_logprobs(sequences)
 
-    def validate(self, prompts: list[str], k: int, max_tokens: int) -> list[dict[str, Any]]:
-        """One greedy completion per prompt text at loop count k, with the newest weights (held-out
-        validation, elr_rl/rl/validation.py): `[{"text", "tokens", "finish_reason"}]` in prompt order."""
+    def validate(self, prompts: list[tuple[str, str | None]], k: int, max_tokens: int) -> list[dict[str, Any]]:
+        """One greedy completion per (prompt text, system message) at loop count k, with the newest weights
+        (held-out validation, elr_rl/rl/validation.py): `[{"text", "tokens", "finish_reason"}]` in order."""
         with self._engine_lock:
             t0 = time.perf_counter()
             self._load_pending()
             self.set_k(k)
-            ids = [self.codec.prompt_ids(p) for p in prompts]
+            ids = [self.codec.prompt_ids(p, system=system) for p, system in prompts]
             groups = self.engine.generate(ids, n=1, max_tokens=max_tokens, temperature=0.0,
                                           stop_token_ids=list(self.codec.stop_token_ids))
             self.busy_s += time.perf_counter() - t0
@@ -162,7 +162,7 @@ class RolloutWorker:
             self.set_k(k)
             envs = [get_env(a["env"]) for a in batch]
             tasks = [env.generate(int(a["seed"]), int(a["difficulty"])) for env, a in zip(envs, batch)]
-            prompts = [self.codec.prompt_ids(t.prompt) for t in tasks]
+            prompts = [self.codec.prompt_ids(t.prompt, system=t.system) for t in tasks]
             fits = [len(p) <= room for p in prompts]
             skipped += [a for a, ok in zip(batch, fits) if not ok]
             batch, envs, tasks, prompts = (

@@ -53,7 +53,7 @@ def run_validation(worker, scorer, cfg: EvalConfig, tasks: dict[str, list] | Non
     results = []
     for k in cfg.ks:
         for env_name, env_tasks in tasks.items():
-            reply = ray.get(worker.validate.remote([t.prompt for t in env_tasks], k, cfg.max_new_tokens))
+            reply = ray.get(worker.validate.remote([(t.prompt, t.system) for t in env_tasks], k, cfg.max_new_tokens))
             scores = scorer.score_many([(env_name, t, c["text"]) for t, c in zip(env_tasks, reply)])
             results.append({"env": env_name, "k": k, "accuracy": [bool(s.accuracy) for s in scores],
                             "tokens": [c["tokens"] for c in reply]})

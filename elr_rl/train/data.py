@@ -40,7 +40,7 @@ def tokenize_document(doc: Document, codec: TextCodec, stage: str) -> tuple[list
     token); pretraining on every token after the first. Plain text (no prompt): [bos] text [eos].
     """
     if doc.prompt:
-        ids, mask = codec.sft_ids(doc.prompt, doc.response)
+        ids, mask = codec.sft_ids(doc.prompt, doc.response, system=doc.system)
     else:
         ids = codec.pretrain_ids(doc.response)
         mask = [True] * len(ids)

@@ -293,3 +293,27 @@ def test_sft_documents_come_from_the_response_column(tmp_path, fresh_registry):
     assert source.name == "env:tinymath"
     assert {d.response for d in docs} == {r["solution"] for r in rows}
     assert all(d.prompt.startswith("What is") and "<answer>" in d.prompt for d in docs)
+
+
+def test_system_prompt_is_a_chat_system_message_in_every_stage(tmp_path, fresh_registry):
+    """A dataset's system_prompt is not glued to the user text: the chat template renders it as a
+    system message, in rollouts/profile/eval (Task.system) and in SFT (Document.system)."""
+    from elr_rl.text import TextCodec
+    from elr_rl.train.corpus import EnvironmentSource
+    from elr_rl.train.data import tokenize_document
+    from environments.dataset import DatasetSpec, dataset_class
+
+    rows = [dict(r, solution=f"<answer>{r['answer']}</answer>") for r in MATH_ROWS]
+    path = write_parquet(tmp_path / "m.parquet", rows)
+    entry = math_entry(path, system_prompt="You are terse.", response_key="solution")
+    env = dataset_class(DatasetSpec.from_mapping(entry))()
+    d, seed = env.prompt_keys()[0]
+    task = env.generate(seed, d)
+    assert task.system == "You are terse." and "terse" not in task.prompt
+    codec = TextCodec.byte_level()
+    assert codec.render_prompt(task.prompt, system=task.system) == f"<|bos|>system: You are terse.<|sep|>{task.prompt}<|sep|>"
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(json.dumps(entry))
+    doc = EnvironmentSource(str(spec), seed=0).document(0, 1)
+    ids, _ = tokenize_document(doc, codec, "sft")
+    assert codec.tokenizer.decode(ids).startswith("<|bos|>system: You are terse.<|sep|>What is")
