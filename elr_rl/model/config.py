@@ -411,11 +411,14 @@ def check_overrides(cls: type, overrides: dict, where: str = "") -> None:
         name = f"{where}{key}"
         if key not in known:
             raise ValueError(f"config field `{name}`: {cls.__name__} has no field {key!r}; choose among {sorted(known)}")
-        allowed = [t.strip() for t in known[key].replace("Optional[", "").replace("]", "").split("|")]
+        # "int | None", "Optional[float]", "list[int] | None" -> ["int", "None"], ["float"], ["list", "None"]
+        allowed = [t.strip().split("[")[0] for t in known[key].replace("Optional[", "").split("|")]
         if value is None and "None" in allowed:
             continue
-        types = tuple(x for t in allowed for x in ((_TYPES[t],) if not isinstance(_TYPES.get(t), tuple) else _TYPES[t])
-                      if t in _TYPES)
+        types: tuple = ()
+        for t in allowed:  # names outside _TYPES (None, Any, ...) add no constraint of their own
+            found = _TYPES.get(t, ())
+            types += found if isinstance(found, tuple) else (found,)
         ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
         if types and not ok:
             raise ValueError(f"config field `{name}`: {value!r} is a {type(value).__name__}, expected {known[key]}")
