@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -43,9 +45,11 @@ def sft_checkpoint(bpe_dir, tmp_path_factory):
     """A tiny ELR model with the BPE tokenizer, SFT'd on even_odd through `elr-rl sft`."""
     root = tmp_path_factory.mktemp("bpe_run")
     run_cli(["model", "init", str(root / "init"), "--tokenizer", str(bpe_dir), "loop_conditioning=true"])
-    run_cli(["sft", "configs/sft_tiny.yaml", f"model.init_from={root / 'init'}", f"run.output_dir={root / 'sft'}",
-             "data.generators=[env:even_odd]", "data.max_difficulty=1", "data.seq_len=128", "run.total_steps=60",
-             "run.eval_interval=0", "run.progress=false", "optim.lr=0.003"])
+    # Its own process, as a user runs it (DeepSpeed's process group does not outlive the stage).
+    subprocess.run([sys.executable, "-m", "elr_rl.cli", "sft", "configs/sft_tiny.yaml", f"model.init_from={root / 'init'}",
+                    f"run.output_dir={root / 'sft'}", "data.generators=[env:even_odd]", "data.max_difficulty=1",
+                    "data.seq_len=128", "run.total_steps=40", "run.eval_interval=0", "run.progress=false",
+                    "optim.lr=0.003"], check=True)
     return root / "sft" / "final"
 
 
