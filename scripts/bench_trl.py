@@ -8,9 +8,9 @@ the project's .venv):
 
 What matches bench_rl.py:
   * tokenizer: our byte-level tokenizer (elr_rl/model/tokenizer.py, loaded by file path so the
-    torch-heavy elr_rl.model package is not imported): bytes are ids 0..255, pad 256, bos 257,
-    eos 258, sep 259. Prompts are `<|bos|> prompt-bytes <|sep|>`, the same ids as
-    `encode_prompt` (checked at start-up); EOS ends a completion.
+    torch-heavy elr_rl.model package is not imported), prompts rendered by its own chat template
+    (`<|bos|> prompt <|sep|>`, what elr_rl.text.TextCodec feeds our rollouts); its EOS ends a
+    completion.
   * model: a `LlamaForCausalLM` of our k = 1 size (hidden 64, 3 layers = 1 input + 1 recurrent
     + 1 output, 4 heads, 2 KV heads, SwiGLU 176, vocab 260, untied embeddings), RANDOMLY
     INITIALISED (no checkpoint is loaded: timing only, rewards stay near 0).
@@ -91,16 +91,12 @@ def main() -> None:
 
     tk = _load_tokenizer_module()
     tokenizer = tk.build_tokenizer()
-    bos, sep = tokenizer.convert_ids_to_tokens([tk.BOS_ID, tk.SEP_ID])
 
     env = EvenOdd()
     tasks = [env.generate(seed, 1) for seed in range(64)]
     by_seed = {t.seed: t for t in tasks}
-    texts = [f"{bos}{t.prompt}{sep}" for t in tasks]
-    for text, task in zip(texts, tasks):
-        ids = tokenizer(text)["input_ids"]
-        if ids != tk.encode_prompt(task.prompt):
-            raise SystemExit(f"prompt ids differ from encode_prompt for {task.id}: {ids[:8]}...")
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t.prompt}], tokenize=False,
+                                           add_generation_prompt=True) for t in tasks]
     dataset = Dataset.from_dict({"prompt": texts, "seed": [t.seed for t in tasks]})
 
     lengths: list[list[int]] = []  # completion lengths (EOS included) of each generation batch
@@ -115,13 +111,13 @@ def main() -> None:
         return out
 
     model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=tk.VOCAB_SIZE, hidden_size=64, num_hidden_layers=args.layers, num_attention_heads=4,
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=args.layers, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=176, hidden_act="silu", tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
-        max_position_embeddings=2048, initializer_range=0.02, bos_token_id=tk.BOS_ID, eos_token_id=tk.EOS_ID,
-        pad_token_id=tk.PAD_ID,
+        max_position_embeddings=2048, initializer_range=0.02, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     ))  # random init
-    model.generation_config.eos_token_id = tk.EOS_ID
-    model.generation_config.pad_token_id = tk.PAD_ID
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
