@@ -58,10 +58,6 @@ class RolloutResult:
                 f"got samples={self.samples}, successes={self.successes}"
             )
 
-    @classmethod
-    def coerce(cls, item: "RolloutResult | dict[str, Any]") -> "RolloutResult":
-        return item if isinstance(item, RolloutResult) else cls(**item)
-
 
 def read_parquet(path: str | Path) -> Any:
     """A Parquet file as a `datasets.Dataset`, read straight through pyarrow (no cache files written)."""

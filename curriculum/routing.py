@@ -1,4 +1,4 @@
-"""Difficulty-aware loop routing (DESIGN.md section 4), plain Python, no Ray.
+"""Difficulty-aware loop routing, plain Python, no Ray.
 
     q_i = (#{j: p_j < p_i} + 0.5 * #{j: p_j = p_i}) / N     midpoint quantile of pass rate
     s_i = alpha * q_i + (1 - alpha) * u_i,  u_i ~ U(0, 1)    routing score
@@ -109,9 +109,6 @@ class Assignment:
     score: float  # routing score s = alpha*q + (1-alpha)*u
     batch: int  # index of the batch it belongs to (0-based, across epochs)
     epoch: int  # epoch whose permutation handed it out
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def build_pool(envs: Iterable[str], difficulties: Iterable[int], seeds: Iterable[int]) -> list[Prompt]:
@@ -288,12 +285,12 @@ class LoopRouter:
         self.dropped |= {int(i) for i in np.flatnonzero(solved)}
 
     # -- live refresh -------------------------------------------------------------------
-    def report(self, results: Iterable[RolloutResult | dict[str, Any]]) -> int:
+    def report(self, results: Iterable[RolloutResult]) -> int:
         """Fold finished rollouts into the pass-rate estimates; returns how many were applied.
 
         All results are checked before any is applied, so a bad one changes nothing.
         """
-        checked = [RolloutResult.coerce(item) for item in results]
+        checked = list(results)
         unknown = [r.prompt_id for r in checked if r.prompt_id not in self.tracker.index]
         if unknown:
             raise ValueError(f"results for prompts not in the curriculum's pool: {unknown[:5]}")

@@ -75,7 +75,7 @@ class CurriculumService:
         self._autosave(force=True)  # the sequence state (generator, epoch cursor) must never be lost
         return batch
 
-    def report(self, results: Iterable[RolloutResult | dict[str, Any]]) -> int:
+    def report(self, results: Iterable[RolloutResult]) -> int:
         """Fold finished rollouts (RolloutResult or dicts of its fields) into the pass rates."""
         n = self.router.report(results)
         self._autosave()

@@ -235,20 +235,16 @@ def read_jsonl(path: str | Path, offset: int = 0) -> JsonlChunk:
     return JsonlChunk(rows, offset + end, skipped, reset)
 
 
-def _field(item: Any, name: str) -> Any:
-    return item[name] if isinstance(item, Mapping) else getattr(item, name)
-
-
 def routing_from_assignments(assignments: Iterable[Any]) -> dict[int, dict[str, list[float]]]:
     """One batch's routed prompts grouped by loop count: `{k: {"q": [...], "score": [...]}}`.
 
-    Takes the curriculum's `Assignment`s (or dicts with k, q, score): the argument of `log_routing`.
+    Takes the curriculum's `Assignment`s; the result is the argument of `log_routing`.
     """
     per_k: dict[int, dict[str, list[float]]] = {}
     for a in assignments:
-        group = per_k.setdefault(int(_field(a, "k")), {"q": [], "score": []})
-        group["q"].append(float(_field(a, "q")))
-        group["score"].append(float(_field(a, "score")))
+        group = per_k.setdefault(a.k, {"q": [], "score": []})
+        group["q"].append(a.q)
+        group["score"].append(a.score)
     return dict(sorted(per_k.items()))
 
 

@@ -21,12 +21,16 @@ import logging
 import time
 from collections import Counter, deque
 from concurrent.futures import Future
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from curriculum.passrates import RolloutResult
+from curriculum.routing import Assignment
 from elr_rl.rl.config import RLConfig
+from elr_rl.rl.messages import AsyncMode, GenerateReply, Group, StepResult
 from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
-from elr_rl.rl.samples import Group, RolloutBuffer, learner_batches, select_samples, take_one_loop_count
+from elr_rl.rl.samples import RolloutBuffer, learner_batches, select_samples, take_one_loop_count
 from elr_rl.rl.stats import step_metrics
 from elr_rl.text import TextCodec
 
@@ -38,19 +42,24 @@ class Driver:
         self.cfg = cfg
         self.run_dir = Path(cfg.run.output_dir)
         self.buffer = RolloutBuffer()
-        self.queue: deque[dict[str, Any]] = deque()  # assignments waiting for a worker
-        self.inflight: dict[Any, tuple[int, list[dict[str, Any]]]] = {}  # ref -> (worker index, assignments)
+        self.queue: deque[Assignment] = deque()  # assignments waiting for a worker
+        self.inflight: dict[Any, tuple[int, list[Assignment]]] = {}  # ref -> (worker index, assignments)
         self.scoring: list[tuple[Group, list[Future]]] = []
         self.ledger: Counter[str] = Counter()  # what happened to every scheduled prompt group
         self.step = 0
         self.version = 0
         self.window: list[Group] = []  # groups scored since the last metrics row
-        self.routed: list[Any] = []  # assignments handed out since the last metrics row
-        self.reports: list[dict[str, Any]] = []  # finished groups not yet reported to the curriculum
+        self.routed: list[Assignment] = []  # assignments handed out since the last metrics row
+        self.reports: list[RolloutResult] = []  # finished groups not yet reported to the curriculum
         self.rollout_busy_s = 0.0  # summed over workers: seconds spent in generate calls
         self.weight_loads: list[float] = []  # worker-side weight load seconds since the last metrics row
         self.parity_pending: tuple[int, Any, Any] | None = None  # (version, learner ref, worker ref)
         self.parity: list[float] = []  # finished parity checks since the last metrics row
+        # The newest weights, for a worker (re)started at any time: a checkpoint folder until the
+        # first step of this run (cfg.model_path, or the checkpoint it resumed from), then also
+        # the object-store ref of the learner's last published weights.
+        self.weights_from = cfg.model_path
+        self.weights_ref: Any = None
 
     # ------------------------------------------------------------------ set-up
     def _start(self) -> None:
@@ -66,6 +75,7 @@ class Driver:
         from environments.sources import pool_keys
 
         c = self.cfg
+        c.validate()  # the CLI's errors for a config built in code too (e.g. run.save_interval=0)
         # The checkpoint's tokenizer and chat template, checked before Ray or any engine starts.
         TextCodec.load(c.model_path, c.rollout.chat)
         # Registers the dataset environments among envs.names before Ray starts (actors inherit them).
@@ -89,16 +99,16 @@ class Driver:
         self.metrics = MetricsWriter.from_config(self.run_dir, c.metrics, run_config=c)
         self.scorer = ScoringPool(c.envs.scoring_workers)
         self.learner = LearnerGroup(c, resume_dir=str(resume) if resume else None)
-        weights_from = str(resume) if resume else c.model_path
+        self.weights_from = str(resume) if resume else c.model_path
         if self.state is not None:
             ray.get(self.curriculum.load_state_dict.remote(self.state.curriculum))
             self.step, self.version = self.state.step, self.state.version
             self.buffer.load_state_dict(self.state.buffer)
-            self.queue.extend(self.state.queue)
+            self.queue.extend(Assignment(**a) for a in self.state.queue)
             self.ledger.update(self.state.ledger)
             log.warning("resumed from %s at step %d (%d buffered groups, %d queued prompts)",
                         resume, self.step, len(self.buffer), len(self.queue))
-        self.workers = [self._new_worker(i, weights_from) for i in range(c.rollout.num_workers)]
+        self.workers = [self._new_worker(i, self.weights_from) for i in range(c.rollout.num_workers)]
         self.worker_restarts = 0
         self.placement = {"learner": self.learner.node_ids(),
                           "rollout": ray.get([w.node_id.remote() for w in self.workers])}
@@ -201,7 +211,7 @@ class Driver:
         c = self.cfg
         need = c.algo.groups_per_step
         pending_groups = len(self.buffer) + sum(len(a) for _, a in self.inflight.values()) + len(self.scoring)
-        if c.async_.mode == "sync":
+        if c.async_.mode == AsyncMode.SYNC:
             if learner_busy or pending_groups >= need:
                 return
         elif pending_groups >= need * (c.async_.max_staleness + 2):
@@ -210,17 +220,17 @@ class Driver:
         for i, worker in enumerate(self.workers):
             if i in busy:
                 continue
-            if c.async_.mode == "sync":
+            if c.async_.mode == AsyncMode.SYNC:
                 pending_groups = len(self.buffer) + sum(len(a) for _, a in self.inflight.values()) + len(self.scoring)
                 if pending_groups >= need:
                     return
             n = c.rollout.prompts_per_request
-            if c.async_.mode == "sync":
+            if c.async_.mode == AsyncMode.SYNC:
                 n = min(n, need - pending_groups)
             work = self._next_request(n)
             self.inflight[worker.generate.remote(work)] = (i, work)
 
-    def _next_request(self, n: int) -> list[dict[str, Any]]:
+    def _next_request(self, n: int) -> list[Assignment]:
         """Up to n queued assignments at one loop count, the oldest assignment's.
 
         A worker then runs one k per call (one batched vLLM generate instead of one per k); the
@@ -230,7 +240,7 @@ class Driver:
 
         while len(self.queue) < n * len(self.cfg.curriculum.loop_counts):
             batch = ray.get(self.curriculum.next_batch.remote())
-            self.queue.extend(a.to_dict() for a in batch)
+            self.queue.extend(batch)
             self.ledger["scheduled"] += len(batch)
             # labelled with the step whose metrics row counts these prompts (curriculum/prompts_k*)
             self.metrics.log_routing(self.step + 1, _routing(batch))
@@ -260,24 +270,24 @@ class Driver:
         for ref in ready:
             i, work = self.inflight.pop(ref)
             try:
-                reply = ray.get(ref)
+                reply: GenerateReply = ray.get(ref)
             except RayActorError as exc:
                 self._restart_worker(i, work, exc)
                 continue
-            self.rollout_busy_s += reply["busy_s"]
-            self._skip_too_long(reply["skipped"])
-            if reply["weight_load_s"]:
-                self.weight_loads.append(reply["weight_load_s"])
-            for g in (Group.from_dict(d) for d in reply["groups"]):
+            self.rollout_busy_s += reply.busy_s
+            self._skip_too_long(reply.skipped)
+            if reply.weight_load_s:
+                self.weight_loads.append(reply.weight_load_s)
+            for g in reply.groups:
                 self._score(g)
 
-    def _skip_too_long(self, skipped: list[dict[str, Any]]) -> None:
+    def _skip_too_long(self, skipped: list[Assignment]) -> None:
         """Prompts longer than the engine's context were not sampled: count them; fail if nothing fits."""
         if not skipped:
             return
         self.ledger["skipped_prompt_too_long"] += len(skipped)
         log.warning("%d prompt(s) longer than rollout.max_model_len - rollout.max_new_tokens were skipped "
-                    "(e.g. %s)", len(skipped), skipped[0].get("prompt_id", skipped[0]))
+                    "(e.g. %s)", len(skipped), skipped[0].prompt_id)
         if self.ledger["scored"] == 0 and self.ledger["skipped_prompt_too_long"] >= 4 * self.cfg.algo.groups_per_step:
             raise ValueError(
                 f"config field `rollout.max_model_len`: {self.ledger['skipped_prompt_too_long']} prompts skipped as "
@@ -285,8 +295,12 @@ class Driver:
                 f"{self.cfg.rollout.max_model_len - self.cfg.rollout.max_new_tokens} tokens and none fitted; "
                 "raise rollout.max_model_len or use shorter prompts")
 
-    def _restart_worker(self, i: int, work: list[dict[str, Any]], exc: Exception) -> None:
-        """A dead worker: start a new one on the latest weights and re-queue its prompts."""
+    def _restart_worker(self, i: int, work: list[Assignment], exc: Exception) -> None:
+        """A dead worker: start a new one on the newest weights and re-queue its prompts.
+
+        It starts from `weights_from` at the current version (after a resume: the resumed
+        checkpoint's weights), then gets the last published weights if a step ran since.
+        """
         log.warning("rollout worker %d died (%s): restarting it and re-queueing %d prompts", i, type(exc).__name__, len(work))
         for w, (j, other) in list(self.inflight.items()):
             if j == i:  # anything else it held is lost with it
@@ -295,20 +309,21 @@ class Driver:
         self.queue.extendleft(reversed(work))
         self.ledger["requeued"] += len(work)
         self.worker_restarts += 1
-        self.workers[i] = self._new_worker(i, self.cfg.model_path)
-        if self.version > 0:
-            self._push_weights([self.workers[i]], self._weights_ref)
+        self.workers[i] = self._new_worker(i, self.weights_from)
+        if self.weights_ref is not None:
+            self._push_weights([self.workers[i]], self.weights_ref)
 
     # ------------------------------------------------------------------ scoring
     def _score(self, group: Group) -> None:
-        env_cls = self.env_classes[group.assignment["env"]]
+        env_cls = self.env_classes[group.assignment.env]
         if env_cls.multi_turn:  # the worker scored the episode while running it
             self._finish_group(group)
             return
         from environments.registry import get_env
 
-        task = get_env(group.assignment["env"]).generate(int(group.assignment["seed"]), int(group.assignment["difficulty"]))
-        futures = [self.scorer.submit(group.assignment["env"], task, s.text) for s in group.samples]
+        a = group.assignment
+        task = get_env(a.env).generate(a.seed, a.difficulty)
+        futures = [self.scorer.submit(a.env, task, s.text) for s in group.samples]
         self.scoring.append((group, futures))
 
     def _collect_scores(self) -> None:
@@ -329,10 +344,9 @@ class Driver:
         self.ledger["scored"] += 1
         n_ok = sum(s.accuracy for s in group.samples)
         resp = [s.num_model_tokens for s in group.samples]
-        self.reports.append({
-            "prompt_id": group.prompt_id, "k": group.k, "samples": len(group.samples), "successes": n_ok,
-            "reward_mean": sum(group.rewards()) / len(group.samples), "response_tokens_mean": sum(resp) / len(resp),
-        })
+        self.reports.append(RolloutResult(group.prompt_id, group.k, len(group.samples), n_ok,
+                                          reward_mean=sum(group.rewards()) / len(group.samples),
+                                          response_tokens_mean=sum(resp) / len(resp)))
 
     # ------------------------------------------------------------------ learning
     def _train(self, groups: list[Group]):
@@ -363,7 +377,7 @@ class Driver:
             self._depth_fn = spec.effective_depth
         return self._depth_fn
 
-    def _sync_weights(self, results: list[dict[str, Any]], batch_info) -> float:
+    def _sync_weights(self, results: list[StepResult], batch_info) -> float:
         """Send the new weights to every worker as one object; start a parity spot-check. Returns seconds.
 
         The learner put the weights into the object store at the end of its step (`weights_ref`);
@@ -372,9 +386,9 @@ class Driver:
         (perf/weight_load_s).
         """
         t0 = time.perf_counter()
-        self._weights_ref = results[0]["weights_ref"][0]
-        self._push_weights(self.workers, self._weights_ref)
-        seconds = time.perf_counter() - t0 + max(r["weights_serialize_s"] for r in results)
+        self.weights_ref = results[0].weights_ref[0]
+        self._push_weights(self.workers, self.weights_ref)
+        seconds = time.perf_counter() - t0 + max(r.weights_serialize_s for r in results)
         self._start_parity_check(batch_info)
         return seconds
 
@@ -434,8 +448,8 @@ class Driver:
         state = RunState(
             step=self.step, version=self.version, buffer=self.buffer.state_dict(),
             # prompts being generated or scored are re-queued on resume: nothing is lost
-            queue=[a for _, work in self.inflight.values() for a in work]
-            + [g.assignment for g, _ in self.scoring] + list(self.queue),
+            queue=[asdict(a) for a in [a for _, work in self.inflight.values() for a in work]
+                   + [g.assignment for g, _ in self.scoring] + list(self.queue)],
             curriculum=ray.get(self.curriculum.state_dict.remote()), ledger=dict(self.ledger),
         )
         self.learner.save(str(ckpt), {"step": self.step, "version": self.version})
@@ -453,9 +467,9 @@ class Driver:
         records = []
         for g in batch_info["groups"][:4]:
             a = g.assignment
-            prompt = get_env(a["env"]).generate(int(a["seed"]), int(a["difficulty"])).prompt
+            prompt = get_env(a.env).generate(a.seed, a.difficulty).prompt
             for s in g.samples[:2]:
-                records.append({"env": a["env"], "prompt_id": g.prompt_id, "k": g.k, "policy_version": g.version,
+                records.append({"env": a.env, "prompt_id": g.prompt_id, "k": g.k, "policy_version": g.version,
                                 "reward": s.reward, "accuracy": s.accuracy, "finish_reason": s.finish_reason,
                                 "prompt": prompt, "completion": s.text})
         self.metrics.log_samples(self.step, records)

@@ -26,25 +26,30 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token", normalizer: float | None = None
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token", global_denominator: float | None = None,
+    engine_divisor: float = 1.0,
 ) -> torch.Tensor:
     """Reduce a per-token loss.
 
     token:    sum_{i,t} l_it m_it / sum_{i,t} m_it  (every token weighs the same; DAPO)
     sequence: mean_i [ sum_t l_it m_it / sum_t m_it ]  (every sequence weighs the same; GRPO)
 
-    `normalizer` replaces the denominator (token count, or sequence count) when a batch
-    is split over microbatches and ranks: each piece then divides by the batch's total,
-    so the pieces add up to the whole batch's loss.
+    A batch split over microbatches and ranks: `global_denominator` is the whole batch's
+    count (its trained tokens for "token", its sequences with a trained token for "sequence"),
+    so each piece's share sum_piece(...) / global_denominator adds up to the whole batch's
+    loss. DeepSpeed then divides each microbatch's loss by its gradient-accumulation steps
+    before backward and averages gradients over the data-parallel ranks: a piece returns
+    its share times `engine_divisor` = accumulation steps x ranks, which undoes both, so the
+    optimizer sees the gradient of the whole batch's loss.
     """
     mask = mask.to(per_token.dtype)
     if mode == "token":
-        denom = mask.sum().clamp_min(1.0) if normalizer is None else normalizer
-        return (per_token * mask).sum() / denom
+        denom = mask.sum().clamp_min(1.0) if global_denominator is None else global_denominator
+        return (per_token * mask).sum() / denom * engine_divisor
     if mode == "sequence":
         per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
-        denom = (mask.sum(-1) > 0).sum().clamp_min(1) if normalizer is None else normalizer
-        return per_seq.sum() / denom
+        denom = (mask.sum(-1) > 0).sum().clamp_min(1) if global_denominator is None else global_denominator
+        return per_seq.sum() / denom * engine_divisor
     raise ValueError(f"loss aggregation must be 'token' or 'sequence', got {mode!r}")
 
 
@@ -104,9 +109,12 @@ def grpo_loss(
     kl_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
-    normalizer: float | None = None,
+    global_denominator: float | None = None,
+    engine_divisor: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The whole per-batch objective: TIS-weighted clipped surrogate + kl_coef * k3 - entropy_coef * H."""
+    """The whole per-batch objective: TIS-weighted clipped surrogate + kl_coef * k3 - entropy_coef * H,
+    aggregated over tokens or sequences (`aggregate`: the batch's `global_denominator` and DeepSpeed's
+    `engine_divisor`)."""
     per_token, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)
     stats: dict[str, float] = {}
     m = mask.bool()
@@ -122,7 +130,7 @@ def grpo_loss(
         if entropy_coef:
             per_token = per_token - entropy_coef * entropy
         stats["entropy"] = float(entropy.detach()[m].mean()) if m.any() else 0.0
-    loss = aggregate(per_token, mask, aggregation, normalizer)
+    loss = aggregate(per_token, mask, aggregation, global_denominator, engine_divisor)
     if m.any():
         stats["clip_frac"] = float(clipped[m].float().mean())
         stats["ratio_mean"] = float(torch.exp(logp - old_logp).detach()[m].mean())

@@ -16,6 +16,7 @@ import torch
 
 from elr_rl.rl import grpo
 from elr_rl.rl.config import RLConfig
+from elr_rl.rl.messages import StepResult
 
 
 def free_port() -> int:
@@ -27,6 +28,7 @@ def free_port() -> int:
 def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[dict[str, float]]):
     """The GRPO objective as a TrainEngine loss function: (logits, microbatch) -> loss."""
     a = cfg.algo
+    grad_accum_steps = len(cfg.curriculum.loop_counts)  # one microbatch per loop count (LearnerRank.setup)
 
     def loss_fn(logits: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
         ids = batch["input_ids"]
@@ -47,7 +49,8 @@ def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[di
             logp, old, batch["rollout_logp"][:, 1:], batch["advantages"], mask,
             clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, tis_cap=a.tis_cap,
             ref_logp=ref, kl_coef=a.kl_coef, entropy=entropy, entropy_coef=a.entropy_coef,
-            normalizer=1.0 / float(batch["scale"]),
+            global_denominator=float(batch["global_denominator"]),
+            engine_divisor=grad_accum_steps * cfg.learner.world_size,
         )
         stats["k"] = float(batch["k"])
         stats["tokens"] = float(mask.sum())
@@ -95,7 +98,7 @@ class LearnerRank:
             return self.engine.load(resume_dir)
         return None
 
-    def train_step(self, microbatches: list[dict], ks: list[int], lr: float) -> dict[str, Any]:
+    def train_step(self, microbatches: list[dict], ks: list[int], lr: float) -> StepResult:
         """One optimizer step (updates_per_batch > 1: several, against fixed old logprobs)."""
         n_updates = self.cfg.algo.updates_per_batch
         if n_updates > 1:
@@ -106,23 +109,22 @@ class LearnerRank:
                     old = logits.log_softmax(-1).gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)
                     mb["old_logp"] = torch.cat([old.new_zeros(old.shape[0], 1), old], dim=1)
         stats: list[dict[str, float]] = []
-        out: dict[str, Any] = {}
+        losses: list[float] = []
+        grad_norm = float("nan")
         for update in range(n_updates):
             start = len(stats)
             out = self.engine.train_step(microbatches, ks, lr, loss_fn=make_loss_fn(self.cfg, self.ref_model, stats))
+            losses, grad_norm = out["losses"], out["grad_norm"]
             for s in stats[start:]:
                 s["update"] = float(update)
-        out["microbatch_stats"] = stats
         # The new weights go into the object store at once (no extra call from the driver): rank 0
         # returns a ref to them, and the seconds spent, which count as weight-sync time.
         import ray
 
         t0 = time.perf_counter()
         weights = self.weights()
-        if self.rank == 0:
-            out["weights_ref"] = [ray.put(weights)]  # in a list: the caller gets the ref, not the bytes
-        out["weights_serialize_s"] = time.perf_counter() - t0
-        return out
+        ref = [ray.put(weights)] if self.rank == 0 else []  # in a list: the caller gets the ref, not the bytes
+        return StepResult(losses, grad_norm, stats, time.perf_counter() - t0, ref)
 
     def weights(self) -> bytes:
         """The full fp32 state dict as safetensors bytes (what rollout workers load)."""

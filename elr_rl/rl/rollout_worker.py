@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from curriculum.routing import Assignment
 from elr_rl.rl.config import RolloutConfig
-from elr_rl.rl.samples import Group, Sample
+from elr_rl.rl.messages import FinishReason, GenerateReply, Group, Sample
 from elr_rl.text import TextCodec
 
 MAX_CONCURRENCY = 3  # a generate call, a parity logprob call waiting for the engine, and a control call
@@ -132,36 +133,32 @@ class RolloutWorker:
                 self._engine_lock.release()
 
     # ---------------------------------------------------------------- generation
-    def generate(self, assignments: list[dict[str, Any]]) -> dict[str, Any]:
-        """One group of G samples per assignment (as dicts, so they travel without pickling classes).
-
-        Returns {"groups", "skipped", "busy_s", "weight_load_s"}: the groups, the assignments whose
-        prompt does not fit the engine's context (not sampled), the seconds this call took and the
-        seconds spent loading weights since the previous reply.
-        """
+    def generate(self, assignments: list[Assignment]) -> GenerateReply:
+        """One group of G samples per assignment; the assignments whose prompt does not fit the
+        engine's context come back in `skipped` (not sampled)."""
         with self._engine_lock:
             t0 = time.perf_counter()
-            skipped: list[dict[str, Any]] = []
+            skipped: list[Assignment] = []
             groups = self._generate(assignments, skipped)
             busy = time.perf_counter() - t0
             self.busy_s += busy
             load_s, self._load_s = self._load_s, 0.0
-        return {"groups": [g.to_dict() for g in groups], "skipped": skipped, "busy_s": busy, "weight_load_s": load_s}
+        return GenerateReply(groups, skipped, busy, load_s)
 
-    def _generate(self, assignments: list[dict[str, Any]], skipped: list[dict[str, Any]]) -> list[Group]:
+    def _generate(self, assignments: list[Assignment], skipped: list[Assignment]) -> list[Group]:
         from environments.registry import get_env
 
         groups: list[Group] = []
         room = self.cfg.max_model_len - self.cfg.max_new_tokens
-        by_k: dict[int, list[dict[str, Any]]] = {}
+        by_k: dict[int, list[Assignment]] = {}
         for a in assignments:
-            by_k.setdefault(int(a["k"]), []).append(a)
+            by_k.setdefault(a.k, []).append(a)
         for k, batch in sorted(by_k.items()):
             self._load_pending()  # weights that arrived meanwhile: each group is tagged with what sampled it
             version = self.version
             self.set_k(k)
-            envs = [get_env(a["env"]) for a in batch]
-            tasks = [env.generate(int(a["seed"]), int(a["difficulty"])) for env, a in zip(envs, batch)]
+            envs = [get_env(a.env) for a in batch]
+            tasks = [env.generate(a.seed, a.difficulty) for env, a in zip(envs, batch)]
             prompts = [self.codec.prompt_ids(t.prompt, system=t.system) for t in tasks]
             fits = [len(p) <= room for p in prompts]
             skipped += [a for a, ok in zip(batch, fits) if not ok]
@@ -174,7 +171,7 @@ class RolloutWorker:
                 samples = [self._to_sample(prompt, c) for c in completions]
                 if env.multi_turn:
                     self._run_episodes(env, task, samples, completions)
-                groups.append(Group(dict(a), samples, version, self.worker_id))
+                groups.append(Group(a, samples, version, self.worker_id))
         return groups
 
     def _sample(self, prompts: list[list[int]], n: int):
@@ -191,7 +188,7 @@ class RolloutWorker:
         return Sample(
             prompt_ids=list(prompt), response_ids=ids, response_mask=[1] * len(ids),
             rollout_logprobs=[float(x) for x in completion.logprobs],
-            finish_reason=str(completion.finish_reason), text=self.codec.decode(ids),
+            finish_reason=FinishReason(completion.finish_reason), text=self.codec.decode(ids),
         )
 
     def _run_episodes(self, env, task, samples: list[Sample], completions) -> None:
@@ -205,5 +202,5 @@ class RolloutWorker:
                                  prompt, completions, max_context=room)
         for s, ep in zip(samples, episodes):
             s.response_ids, s.response_mask, s.rollout_logprobs = ep.response_ids, ep.response_mask, ep.logprobs
-            s.finish_reason, s.text = ep.finish_reason, TURN_SEPARATOR.join(ep.turns)
+            s.finish_reason, s.text = FinishReason(ep.finish_reason), TURN_SEPARATOR.join(ep.turns)
             s.reward, s.accuracy, s.error = float(ep.score.reward), bool(ep.score.accuracy), ep.score.error

@@ -15,54 +15,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from curriculum.routing import Assignment
 from elr_rl.rl import grpo
-
-
-@dataclass
-class Sample:
-    """One completion (or multi-turn episode) of a prompt."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]  # every token after the prompt: model turns and environment text
-    response_mask: list[int]  # 1: produced by the model (trained), 0: environment text (never trained)
-    rollout_logprobs: list[float]  # behaviour-policy logprob of each response token (0 for env tokens)
-    finish_reason: str  # "stop" or "length"
-    text: str = ""  # the model's text, as scored
-    reward: float = 0.0
-    accuracy: bool = False
-    error: str | None = None
-
-    @property
-    def num_model_tokens(self) -> int:
-        return int(sum(self.response_mask))
-
-
-@dataclass
-class Group:
-    """G samples of one prompt at one loop count."""
-
-    assignment: dict[str, Any]  # the curriculum's Assignment as a dict (prompt_id, env, seed, difficulty, k, q, ...)
-    samples: list[Sample]
-    version: int  # policy version the worker held when it generated this group
-    worker_id: int = 0
-
-    @property
-    def k(self) -> int:
-        return int(self.assignment["k"])
-
-    @property
-    def prompt_id(self) -> str:
-        return str(self.assignment["prompt_id"])
-
-    def rewards(self) -> list[float]:
-        return [s.reward for s in self.samples]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Group":
-        return cls(d["assignment"], [Sample(**s) for s in d["samples"]], d["version"], d.get("worker_id", 0))
+from elr_rl.rl.messages import FinishReason, Group, Sample
 
 
 class RolloutBuffer:
@@ -94,11 +49,17 @@ class RolloutBuffer:
         return [self.groups.popleft() for _ in range(n)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"groups": [g.to_dict() for g in self.groups], "dropped_stale": self.dropped_stale}
+        """JSON-ready (a checkpoint's run_state.json)."""
+        return {"groups": [asdict(g) for g in self.groups], "dropped_stale": self.dropped_stale}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.groups = collections.deque(Group.from_dict(g) for g in state["groups"])
-        self.dropped_stale = int(state["dropped_stale"])
+        self.groups = collections.deque(_group_from_json(g) for g in state["groups"])
+        self.dropped_stale = state["dropped_stale"]
+
+
+def _group_from_json(d: dict[str, Any]) -> Group:
+    samples = [Sample(**(s | {"finish_reason": FinishReason(s["finish_reason"])})) for s in d["samples"]]
+    return Group(Assignment(**d["assignment"]), samples, d["version"], d["worker_id"])
 
 
 @dataclass
@@ -133,7 +94,7 @@ def select_samples(groups: list[Group], std_normalize: bool, dynamic_sampling: b
             continue
         adv = grpo.group_advantages(rewards, std_normalize=std_normalize)[0]
         for s, a in zip(g.samples, adv.tolist()):
-            if overlong_filter and s.finish_reason == "length":
+            if overlong_filter and s.finish_reason == FinishReason.LENGTH:
                 n_overlong += 1
                 continue
             ids = (s.prompt_ids + s.response_ids)[:max_seq_len]
@@ -145,7 +106,7 @@ def select_samples(groups: list[Group], std_normalize: bool, dynamic_sampling: b
     return out, stats
 
 
-def _collate(samples: list[TrainSample], scale: float) -> dict[str, torch.Tensor]:
+def _collate(samples: list[TrainSample], global_denominator: float) -> dict[str, torch.Tensor]:
     """Right-padded tensors of one microbatch; an empty list gives one all-masked pad row."""
     # Padding sits after each row's tokens and carries no loss, so a causal model never lets it
     # change a real position: any valid id will do (0 exists in every vocabulary).
@@ -160,7 +121,7 @@ def _collate(samples: list[TrainSample], scale: float) -> dict[str, torch.Tensor
         logp[i, : len(s.ids)] = torch.tensor(s.rollout_logp)
     adv = torch.tensor([[s.advantage] for s in rows], dtype=torch.float32)
     return {"input_ids": ids, "loss_mask": mask, "rollout_logp": logp, "advantages": adv,
-            "scale": torch.tensor(scale)}
+            "global_denominator": torch.tensor(global_denominator)}
 
 
 def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable[[int], int],
@@ -169,9 +130,9 @@ def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable
 
     Every rank gets one microbatch per entry of `loop_counts` (empty ones are a masked pad
     row), so every rank runs the same number of backward passes and the gradient
-    all-reduces line up; all depths meet in one optimizer step. `scale` makes the pieces
-    sum to the batch's loss: DeepSpeed divides by the accumulation steps and averages over
-    ranks, and the scale undoes both.
+    all-reduces line up; all depths meet in one optimizer step. Every microbatch carries the
+    whole batch's `global_denominator` (trained tokens, or sequences with a trained token, per
+    `aggregation`), so the pieces' losses add up to the batch's (`grpo.aggregate`).
     """
     ks = list(loop_counts)
     unknown = {s.k for s in samples} - set(ks)
@@ -184,18 +145,18 @@ def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable
         per_rank[r].append(s)
         loads[r] += len(s.ids) * depth(s.k)
     if aggregation == "token":
-        normalizer = sum(sum(s.loss_mask) for s in samples)
+        denominator = sum(sum(s.loss_mask) for s in samples)
     else:
-        normalizer = sum(1 for s in samples if sum(s.loss_mask) > 0)
-    scale = len(ks) * world_size / max(float(normalizer), 1.0)
-    mbs = [[_collate([s for s in rank if s.k == k], scale) | {"k": k} for k in ks] for rank in per_rank]
+        denominator = sum(1 for s in samples if sum(s.loss_mask) > 0)
+    denominator = max(float(denominator), 1.0)
+    mbs = [[_collate([s for s in rank if s.k == k], denominator) | {"k": k} for k in ks] for rank in per_rank]
     cost_max, cost_mean = max(loads), sum(loads) / world_size
     stats = {"batch/rank_cost_imbalance": cost_max / cost_mean if cost_mean else 1.0,
-             "batch/normalizer": float(normalizer)}
+             "batch/normalizer": denominator}
     return LearnerBatch(mbs, [list(ks) for _ in range(world_size)], stats)
 
 
-def take_one_loop_count(queue: Sequence[dict[str, Any]], n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def take_one_loop_count(queue: Sequence[Assignment], n: int) -> tuple[list[Assignment], list[Assignment]]:
     """Up to n assignments at the loop count of the oldest one, in queue order, and the rest (in order).
 
     A rollout request then runs one k (one batched generate); the oldest assignment always goes,
@@ -203,9 +164,9 @@ def take_one_loop_count(queue: Sequence[dict[str, Any]], n: int) -> tuple[list[d
     """
     if not queue:
         return [], []
-    k = queue[0]["k"]
-    work: list[dict[str, Any]] = []
-    rest: list[dict[str, Any]] = []
+    k = queue[0].k
+    work: list[Assignment] = []
+    rest: list[Assignment] = []
     for a in queue:
-        (work if len(work) < n and a["k"] == k else rest).append(a)
+        (work if len(work) < n and a.k == k else rest).append(a)
     return work, rest

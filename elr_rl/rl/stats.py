@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from elr_rl.rl.samples import Group
+from elr_rl.rl.messages import Group, StepResult
 
 
 def _mean(xs: list[float]) -> float:
@@ -18,7 +18,7 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
     out: dict[str, float] = {}
     by: dict[str, list] = defaultdict(list)
     for g in groups:
-        env = g.assignment["env"]
+        env = g.assignment.env
         for s in g.samples:
             row = (s.reward, float(s.accuracy), float(s.num_model_tokens))
             for key in ("mean", f"k{g.k}", f"env/{env}"):
@@ -35,12 +35,12 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
     return out
 
 
-def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: int, window: list[Group],
+def step_metrics(results: list[StepResult], info: dict[str, Any], version: int, window: list[Group],
                  ledger, restarts: int, sync_s: float, parity: list[float], weight_loads: list[float],
                  learner_busy: float, rollout_busy: float, wall: float, window_s: float) -> dict[str, Any]:
     """One metrics row. `learner_busy`/`rollout_busy` are fractions of the time since the last row;
     `parity` and `weight_loads` are the checks and worker loads finished since the last row."""
-    mb = [s for r in results for s in r["microbatch_stats"] if s.get("tokens", 0) > 0]
+    mb = [s for r in results for s in r.microbatch_stats if s.get("tokens", 0) > 0]
     tokens = sum(s["tokens"] for s in mb)
 
     def wmean(key: str, update: int | None = None) -> float | None:
@@ -52,10 +52,10 @@ def step_metrics(results: list[dict[str, Any]], info: dict[str, Any], version: i
     dropped = info.get("dropped_stale_new", 0)
     row: dict[str, Any] = group_metrics(window)
     row.update({
-        "actor/pg_loss": sum(sum(r["losses"]) for r in results) / max(1, len(results)),
+        "actor/pg_loss": sum(sum(r.losses) for r in results) / max(1, len(results)),
         "actor/pg_clipfrac": wmean("clip_frac"), "actor/entropy": wmean("entropy"), "actor/ppo_kl": wmean("kl"),
         "actor/is_weight_mean": wmean("is_weight_mean"), "actor/ratio_mean": wmean("ratio_mean"),
-        "actor/grad_norm": results[0].get("grad_norm"), "actor/lr": info.get("lr"),
+        "actor/grad_norm": results[0].grad_norm, "actor/lr": info.get("lr"),
         # the first update of a step starts from the weights that the old logprobs came from
         "actor/ratio_mean/update0": wmean("ratio_mean", 0), "actor/is_weight_mean/update0": wmean("is_weight_mean", 0),
         "actor/ratio_max_dev/update0": max((abs(s["ratio_mean"] - 1) for s in mb if s.get("update") == 0), default=None),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from collections import Counter
 
 import numpy as np
@@ -152,7 +154,7 @@ def test_live_refresh_estimator_and_per_k_counts():
     r.report([RolloutResult(pid, 4, samples=4, successes=4)])
     # S = 0.5*(0.5*4) + 4 = 5, N = 0.5*4 + 4 = 6
     assert r.tracker.estimates()[0] == pytest.approx(5 / 6)
-    r.report([dict(prompt_id=pid, k=2, samples=4, successes=0, reward_mean=0.0, response_tokens_mean=12.0)])
+    r.report([RolloutResult(pid, 2, samples=4, successes=0, reward_mean=0.0, response_tokens_mean=12.0)])
     # S = 0.5*5 + 0 = 2.5, N = 0.5*6 + 4 = 7
     assert r.tracker.estimates()[0] == pytest.approx(2.5 / 7)
     assert r.tracker.per_k == {f"{pid}|4": [4, 4], f"{pid}|2": [4, 0]}
@@ -194,7 +196,7 @@ def test_state_dict_round_trip_continues_same_sequence():
     b = _router(n=30, batch=8, seed=7)
     b.load_state_dict(state)
     for _ in range(8):
-        assert [x.to_dict() for x in a.next_batch()] == [x.to_dict() for x in b.next_batch()]
+        assert [asdict(x) for x in a.next_batch()] == [asdict(x) for x in b.next_batch()]
     other = LoopRouter(CurriculumConfig(batch_size=8), build_pool(["other"], [1], range(30)))
     with pytest.raises(ValueError, match="different prompt pool"):
         other.load_state_dict(state)

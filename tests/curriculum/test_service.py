@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import json
 
 import pytest
@@ -21,10 +23,9 @@ def _pool():
     return build_pool(["env_a", "env_b"], [1, 2], range(5))  # 20 prompts
 
 
-def _results(batch) -> list[dict]:
+def _results(batch) -> list[RolloutResult]:
     # deterministic fake outcomes: deeper k "solves" more, so pass rates move
-    return [dict(prompt_id=a.prompt_id,
-                 k=a.k, samples=4, successes=min(4, a.k)) for a in batch]
+    return [RolloutResult(a.prompt_id, a.k, samples=4, successes=min(4, a.k)) for a in batch]
 
 
 def test_restarted_actor_continues_same_assignment_sequence(ray_local, tmp_path):
@@ -35,7 +36,7 @@ def test_restarted_actor_continues_same_assignment_sequence(ray_local, tmp_path)
     for _ in range(8):
         batch = ref.next_batch()
         ref.report(_results(batch))
-        expected.append([a.to_dict() for a in batch])
+        expected.append([asdict(a) for a in batch])
 
     run_dir = str(tmp_path / "run")
     actor = start_curriculum_service(_cfg(), _pool(), run_dir)
@@ -43,7 +44,7 @@ def test_restarted_actor_continues_same_assignment_sequence(ray_local, tmp_path)
     for _ in range(3):
         batch = ray.get(actor.next_batch.remote())
         ray.get(actor.report.remote(_results(batch)))
-        got.append([a.to_dict() for a in batch])
+        got.append([asdict(a) for a in batch])
     assert ray.get(actor.is_resumed.remote()) is False
     stats = ray.get(actor.stats.remote())
     assert sum(v["prompts"] for v in stats["per_k"].values()) == 24
@@ -57,7 +58,7 @@ def test_restarted_actor_continues_same_assignment_sequence(ray_local, tmp_path)
     for _ in range(5):
         batch = ray.get(actor2.next_batch.remote())
         ray.get(actor2.report.remote(_results(batch)))
-        got.append([a.to_dict() for a in batch])
+        got.append([asdict(a) for a in batch])
     assert got == expected
     assert ray.get(actor2.pass_rates.remote()) == ref.pass_rates()
     ray.kill(actor2)
@@ -72,16 +73,16 @@ def test_service_save_and_load_state_dict(tmp_path):
     nxt = svc.next_batch()
     svc.report([RolloutResult(nxt[0].prompt_id, nxt[0].k, 2, 1)])
     svc.load_state_dict(state)  # rewind, as an RL checkpoint resume would
-    assert [a.to_dict() for a in svc.next_batch()] == [a.to_dict() for a in nxt]
+    assert [asdict(a) for a in svc.next_batch()] == [asdict(a) for a in nxt]
     with pytest.raises(ValueError, match="no prompt pool"):
         CurriculumService(_cfg(), None)
 
 
 def test_fresh_start_ignores_saved_state_and_throttled_reports(tmp_path):
     a = CurriculumService(_cfg(), _pool(), run_dir=str(tmp_path))
-    first = [x.to_dict() for x in a.next_batch()]
+    first = [asdict(x) for x in a.next_batch()]
     b = CurriculumService(_cfg(), _pool(), run_dir=str(tmp_path), resume=False)
-    assert not b.is_resumed() and [x.to_dict() for x in b.next_batch()] == first
+    assert not b.is_resumed() and [asdict(x) for x in b.next_batch()] == first
     # with a save interval, a report right after a write is not written (next_batch always is)
     cfg = _cfg()
     cfg.save_interval_s = 3600.0

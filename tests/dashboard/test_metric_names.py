@@ -8,14 +8,16 @@ import types
 from dataclasses import dataclass, field
 
 from elr_rl.metrics import SAMPLE_COLUMNS, SAMPLES_FILE, MetricsConfig, MetricsWriter, canonical_row
-from elr_rl.rl.samples import Group, Sample
+from curriculum.routing import Assignment
+from elr_rl.rl.messages import FinishReason, Group, Sample, StepResult
 from elr_rl.rl.stats import group_metrics, step_metrics
 from elr_rl.rl.validation import validation_metrics
 
 
 def _group(env: str, k: int, rewards: list[float], finish: str = "stop", version: int = 0) -> Group:
-    samples = [Sample([1], [2, 3], [1, 1], [0.0, 0.0], finish, text="x", reward=r, accuracy=r > 0.5) for r in rewards]
-    return Group({"env": env, "k": k, "prompt_id": f"{env}-{k}", "seed": 0, "difficulty": 1}, samples, version)
+    samples = [Sample([1], [2, 3], [1, 1], [0.0, 0.0], FinishReason(finish), text="x", reward=r, accuracy=r > 0.5)
+               for r in rewards]
+    return Group(Assignment(f"{env}-{k}", env, 0, 1, k, q=0.5, score=0.5, batch=0, epoch=0), samples, version)
 
 
 def test_old_rl_rows_are_renamed_and_training_rows_kept():
@@ -40,9 +42,8 @@ def test_rl_step_metrics_use_the_scheme():
     assert g["critic/pass_rate/k4"] == 0.5 and g["critic/score/mean"] == 0.5
     assert g["response_length/clip_ratio"] == 2 / 6
     assert "critic/score/env/expr_eval/k4" not in g  # per (env, k): pass rate only
-    results = [{"losses": [0.5], "grad_norm": 1.5, "microbatch_stats": [
-        {"tokens": 10, "clip_frac": 0.1, "entropy": 2.0, "kl": 0.0, "ratio_mean": 1.0, "is_weight_mean": 1.0,
-         "update": 0}]}]
+    results = [StepResult([0.5], 1.5, [{"tokens": 10, "clip_frac": 0.1, "entropy": 2.0, "kl": 0.0, "ratio_mean": 1.0,
+                                        "is_weight_mean": 1.0, "update": 0}], weights_serialize_s=0.0)]
     info = {"groups": window[:2], "lr": 1e-4, "staleness": [0, 1], "dropped_stale_new": 2,
             "batch/uninformative_groups": 1.0, "batch/trained_samples": 2.0}
     row = step_metrics(results, info, 5, window, {"dropped_stale": 7}, 0, 0.5, [], [0.2], 0.9, 0.8, 100.0, 4.0)

@@ -84,7 +84,7 @@ def test_grpo_loss_on_policy_equals_minus_mean_advantage():
     assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == 1.0 and stats["is_weight_mean"] == 1.0
 
 
-def test_split_batches_add_up_to_the_whole_with_a_normalizer():
+def test_split_batches_add_up_to_the_whole_with_a_global_denominator():
     torch.manual_seed(0)
     per_tok = torch.randn(6, 5)
     mask = (torch.rand(6, 5) > 0.3).int()
@@ -94,3 +94,6 @@ def test_split_batches_add_up_to_the_whole_with_a_normalizer():
         n = mask.sum() if mode == "token" else 6
         parts = grpo.aggregate(per_tok[:2], mask[:2], mode, n) + grpo.aggregate(per_tok[2:], mask[2:], mode, n)
         assert torch.allclose(whole, parts)
+        # two accumulation steps on each of two ranks: DeepSpeed divides by 2 and averages over 2
+        engine = [grpo.aggregate(per_tok[i:i + 2], mask[i:i + 2], mode, n, engine_divisor=4) / 2 for i in (0, 2, 4)]
+        assert torch.allclose(whole, sum(engine) / 2)

@@ -123,8 +123,19 @@ def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, 
         proc.wait(timeout=60)
     saved = json.loads((ckpt / STATE_FILE).read_text())
     time.sleep(2)  # let Ray reap the dead driver's actors
-    summary = Driver(cfg).run()
+    driver = Driver(cfg)
+    restarted = _kill_a_worker_right_after_start(driver)
+    summary = driver.run()
     assert summary["resumed_from_step"] == 2 and summary["step"] == 6
+    # the worker died before the first new step; its successor served the resumed checkpoint's weights
+    assert summary["restarted_workers"] >= 1 and restarted, "the worker was never restarted"
+    version, theirs = restarted[0]
+    assert version == 2
+    seq = list(range(3, 40))
+    got = theirs[0][-(len(seq) - 1):]
+    want, init = (_logprobs(path, seq) for path in (ckpt, toy_checkpoint))
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(got, init)) > 1e-3  # not the run's starting weights
     steps = [x["step"] for x in rows(run)]
     assert steps[-4:] == [3, 4, 5, 6]  # the resumed run continued, it did not start over
     resumed_state = json.loads((run / "checkpoints" / "step_0000006" / STATE_FILE).read_text())
@@ -132,3 +143,35 @@ def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, 
     assert resumed_state["curriculum"]["batches"] > saved["curriculum"]["batches"]
     assert resumed_state["ledger"]["scheduled"] >= saved["ledger"]["scheduled"]
     assert accounted(summary)
+
+
+def _kill_a_worker_right_after_start(driver) -> list:
+    """Kill rollout worker 0 (by its pid) once the driver has started it, before the loop's first step;
+    record (version, logprobs) of its successor right after the restart, in the driver's thread."""
+    import ray
+
+    start, restart, seen = driver._start, driver._restart_worker, []
+
+    def start_then_kill():
+        start()
+        pid = ray.get(driver.workers[0].pid.remote())
+        os.kill(pid, signal.SIGKILL)  # a process this test's driver started, killed by its id
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(driver.workers[0].ping.remote(), timeout=60)
+
+    def restart_and_probe(i, work, exc):
+        restart(i, work, exc)
+        seen.append(ray.get(driver.workers[i].logprobs.remote([list(range(3, 40))], 1)))
+
+    driver._start, driver._restart_worker = start_then_kill, restart_and_probe
+    return seen
+
+
+def _logprobs(ckpt, seq) -> list[float]:
+    import torch
+
+    from elr_rl.model import LoopedForCausalLM
+
+    model = LoopedForCausalLM.from_pretrained(str(ckpt)).eval()
+    with torch.no_grad():
+        return model.token_logprobs(torch.tensor([seq]), k=1)[0].tolist()

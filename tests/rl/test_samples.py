@@ -1,31 +1,106 @@
-"""How the driver cuts the curriculum's queue into rollout requests."""
+"""The invariants the asynchronous driver relies on, without Ray or engines: request cutting, stale-group
+eviction, the group filters, learner microbatches that add up to the whole batch's loss."""
 
 from __future__ import annotations
 
-from elr_rl.rl.samples import take_one_loop_count
+import json
+
+import pytest
+import torch
+
+from curriculum.routing import Assignment
+from elr_rl.rl import grpo
+from elr_rl.rl.messages import FinishReason, Group, Sample
+from elr_rl.rl.samples import RolloutBuffer, TrainSample, _collate, learner_batches, select_samples, take_one_loop_count
 
 
-def _a(i: int, k: int) -> dict:
-    return {"prompt_id": f"p{i}", "k": k}
+def _a(i: int, k: int) -> Assignment:
+    return Assignment(f"p{i}", "even_odd", i, 1, k, q=0.5, score=0.5, batch=0, epoch=0)
+
+
+def _group(i: int, rewards: list[float], version: int = 0, k: int = 1, finish: str = "stop") -> Group:
+    samples = [Sample([5, 6], [7, 8, 9], [1, 1, 0], [-0.5, -0.25, 0.0], FinishReason(finish), text="x", reward=r)
+               for r in rewards]
+    return Group(_a(i, k), samples, version)
 
 
 def test_a_request_holds_one_loop_count_and_the_oldest_prompt():
     queue = [_a(0, 3), _a(1, 1), _a(2, 3), _a(3, 2), _a(4, 3), _a(5, 3)]
     work, rest = take_one_loop_count(queue, 3)
-    assert [a["prompt_id"] for a in work] == ["p0", "p2", "p4"]  # k of the oldest, in queue order, at most n
-    assert [a["prompt_id"] for a in rest] == ["p1", "p3", "p5"]  # nothing lost, order kept
+    assert [a.prompt_id for a in work] == ["p0", "p2", "p4"]  # k of the oldest, in queue order, at most n
+    assert [a.prompt_id for a in rest] == ["p1", "p3", "p5"]  # nothing lost, order kept
     work, rest = take_one_loop_count(rest, 3)
-    assert [a["prompt_id"] for a in work] == ["p1"]  # the next oldest goes next, even alone
+    assert [a.prompt_id for a in work] == ["p1"]  # the next oldest goes next, even alone
     assert take_one_loop_count([], 4) == ([], [])
 
 
-def test_prompts_too_long_for_the_engine_are_counted_and_a_run_where_none_fits_stops(tmp_path):
-    import pytest
+def test_stale_groups_are_evicted_and_counted_and_the_oldest_fresh_ones_go_first():
+    buf = RolloutBuffer()
+    for i, version in enumerate([0, 1, 2, 1, 3]):
+        buf.add(_group(i, [1.0, 0.0], version))
+    assert buf.pop_batch(4, version=3, max_staleness=1) is None  # versions 0 and 1 are too old: 2 fresh left
+    assert buf.dropped_stale == 3 and [g.version for g in buf.groups] == [2, 3]
+    assert [g.prompt_id for g in buf.pop_batch(1, version=3, max_staleness=1)] == ["p2"]  # FIFO
+    assert buf.pop_batch(1, version=4, max_staleness=1)[0].version == 3  # 4 - 3 <= 1: still fresh
+    assert len(buf) == 0 and buf.dropped_stale == 3
+    # a checkpoint's copy (JSON) restores the same typed groups
+    buf.add(_group(7, [0.5, 1.0], 5, k=2, finish="length"))
+    again = RolloutBuffer()
+    again.load_state_dict(json.loads(json.dumps(buf.state_dict())))
+    assert list(again.groups) == list(buf.groups) and again.dropped_stale == 3
+    assert again.groups[0].samples[0].finish_reason is FinishReason.LENGTH and again.groups[0].k == 2
 
+
+def test_filters_drop_uninformative_groups_and_overlong_samples():
+    groups = [_group(0, [1.0, 1.0]), _group(1, [1.0, 0.0]), _group(2, [0.0, 1.0], finish="length")]
+    samples, stats = select_samples(groups, std_normalize=True, dynamic_sampling=True, overlong_filter=True,
+                                    max_seq_len=4)
+    assert stats == {"batch/uninformative_groups": 1.0, "batch/overlong_samples": 2.0, "batch/trained_samples": 2.0}
+    assert [round(s.advantage, 4) for s in samples] == [1.0, -1.0]  # (r - mean) / std within the group
+    assert samples[0].ids == [5, 6, 7, 8] and samples[0].loss_mask == [0, 0, 1, 1]  # cut at max_seq_len
+    assert samples[0].rollout_logp == [0.0, 0.0, -0.5, -0.25]
+    kept, stats = select_samples(groups, std_normalize=False, dynamic_sampling=False, overlong_filter=False,
+                                 max_seq_len=64)
+    assert len(kept) == 6 and stats["batch/uninformative_groups"] == 0.0
+    assert [s.advantage for s in kept[:4]] == [0.0, 0.0, 0.5, -0.5]  # Dr. GRPO: no std division
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_per_rank_microbatches_add_up_to_the_whole_batch_loss(aggregation):
+    """What DeepSpeed applies (each microbatch's loss / accumulation steps, averaged over ranks) equals the
+    loss of the whole batch in one piece."""
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(11):
+        n = 3 + i % 5
+        mask = [0, 0] + [int(x) for x in (torch.rand(n, generator=g) > 0.2).tolist()]
+        if i == 4:
+            mask = [0] * len(mask)  # a sample with nothing to train counts for no sequence
+        samples.append(TrainSample(list(range(1, n + 3)), mask, [0.0] * (n + 2), float(i % 3 - 1), k=1 + i % 3))
+    ks, world = [1, 2, 3, 4], 2
+    lb = learner_batches(samples, world, lambda k: 2 + k, aggregation, ks)
+    assert [len(r) for r in lb.microbatches] == [len(ks)] * world and lb.ks == [ks] * world  # same count per rank
+    placed = [mb["loss_mask"].sum().item() for r in lb.microbatches for mb in r]
+    assert sum(placed) == sum(sum(s.loss_mask) for s in samples)  # every trained token placed once
+
+    def per_token(mb):  # any per-token loss that depends on the sample
+        return mb["advantages"] * mb["input_ids"].float().sin()
+
+    applied = sum(
+        grpo.aggregate(per_token(mb), mb["loss_mask"], aggregation, float(mb["global_denominator"]),
+                       engine_divisor=len(ks) * world) / len(ks)
+        for rank in lb.microbatches for mb in rank) / world
+    whole = _collate(samples, 1.0)
+    expected = grpo.aggregate(per_token(whole), whole["loss_mask"], aggregation)
+    assert torch.allclose(applied, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="loop_counts"):
+        learner_batches(samples, world, lambda k: k, aggregation, [1, 2])
+
+
+def test_prompts_too_long_for_the_engine_are_counted_and_a_run_where_none_fits_stops(tmp_path):
+    from elr_rl.model import ElrConfig, LoopedForCausalLM, save_tokenizer
     from elr_rl.rl.driver import Driver
     from tests.rl.helpers import make_config
-
-    from elr_rl.model import ElrConfig, LoopedForCausalLM, save_tokenizer
 
     LoopedForCausalLM(ElrConfig.tiny()).save_pretrained(tmp_path / "ckpt")
     save_tokenizer(tmp_path / "ckpt")
@@ -37,3 +112,13 @@ def test_prompts_too_long_for_the_engine_are_counted_and_a_run_where_none_fits_s
     driver.ledger["scored"] = 0
     with pytest.raises(ValueError, match="rollout.max_model_len"):  # none fits: say what to change
         driver._skip_too_long([_a(0, 1)])
+
+
+def test_a_run_config_with_save_interval_zero_is_refused(tmp_path):
+    from elr_rl.model import ElrConfig, LoopedForCausalLM, save_tokenizer
+    from tests.rl.helpers import make_config
+
+    LoopedForCausalLM(ElrConfig.tiny()).save_pretrained(tmp_path / "ckpt")
+    save_tokenizer(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="run.save_interval"):
+        make_config(tmp_path / "ckpt", tmp_path / "run", run={"save_interval": 0})
