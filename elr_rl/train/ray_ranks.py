@@ -2,8 +2,8 @@
 
 The driver creates one `RankActor` per rank, asks rank 0's actor for its node's
 address and a free port there, then starts every rank's `run` at once (the
-process group forms only when all ranks have joined). The RL learner reuses
-`RankActor`-style placement for its DeepSpeed ranks.
+process group forms only when all ranks have joined). The RL learner
+(elr_rl/rl/learner.py) creates its own rank actors the same way; it does not use this module.
 """
 
 from __future__ import annotations

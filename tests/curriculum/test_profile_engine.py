@@ -44,7 +44,7 @@ def engine(checkpoint, tmp_path_factory):
 
     from curriculum.engines import EngineGenerate
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # in-process vLLM is ~35x slower without it (FACTS.md)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # in-process vLLM is ~35x slower without it
     gen = EngineGenerate(_cfg(checkpoint, tmp_path_factory.mktemp("unused")))
     yield gen
     gen.close()

@@ -1,4 +1,4 @@
-"""Dory1.0-4B's released checkpoint format is read and written exactly (shared/FACTS.md)."""
+"""Dory1.0-4B's released checkpoint format is read and written exactly (the config fields and weight names of upstream vLLM's Dory model)."""
 
 from __future__ import annotations
 
