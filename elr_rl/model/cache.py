@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from elr_rl.model.config import KV_CACHE_MODES
+
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Softmax attention with GQA. q: [B, Tq, H, hd], k/v: [B, Tk, KV, hd], allowed: [B or 1, Tq, Tk] bool."""
@@ -62,8 +64,8 @@ class KVCache:
     """K/V per cache key; `length` tokens are committed, the current chunk starts there."""
 
     def __init__(self, mode: str) -> None:
-        if mode not in ("per_loop", "last_loop"):
-            raise ValueError(f"kv cache mode must be 'per_loop' or 'last_loop', got {mode!r}")
+        if mode not in KV_CACHE_MODES:
+            raise ValueError(f"kv cache mode must be one of {KV_CACHE_MODES}, got {mode!r}")
         self.mode = mode
         self.length = 0
         self.store: dict[object, tuple[torch.Tensor, torch.Tensor]] = {}

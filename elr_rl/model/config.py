@@ -18,13 +18,21 @@ and output ranges) that the PyTorch and vLLM implementations build from.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from transformers import PretrainedConfig
 
 UPDATE_RULES = ("replace", "residual", "delta", "adaptive_delta", "ngpt")
 BACKBONES = ("prenorm", "ngpt")
 ATTENTION_PATTERNS = ("full", "swa_interleave")
-KV_CACHE_MODES = ("per_loop", "last_loop")
+class CacheMode(StrEnum):
+    """How the recurrent block's KV cache is kept across loops (checked here; every other module uses these)."""
+
+    PER_LOOP = "per_loop"  # one cache per loop: decoding equals teacher-forced loops
+    LAST_LOOP = "last_loop"  # one cache, written by the last loop: 1/k of the cache, a different distribution
+
+
+KV_CACHE_MODES = tuple(m.value for m in CacheMode)
 INITIAL_STATES = ("input_copy", "zeros")
 
 

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from elr_rl.model.config import LoopSpec, config_from_dict
+from elr_rl.model.config import KV_CACHE_MODES, LoopSpec, config_from_dict
 from elr_rl.model.modeling import Backbone, LMHead, NgptLMHead
 
 logger = logging.getLogger(__name__)
@@ -74,8 +74,8 @@ class VllmAttentionCore(nn.Module):
         super().__init__()
         from vllm.model_executor.layers.attention import Attention
 
-        if cache_mode not in ("per_loop", "last_loop"):
-            raise ValueError(f"kv cache mode must be 'per_loop' or 'last_loop', got {cache_mode!r}")
+        if cache_mode not in KV_CACHE_MODES:
+            raise ValueError(f"kv cache mode must be one of {KV_CACHE_MODES}, got {cache_mode!r}")
         self.spec, self.cache_mode, self.kv_loops = spec, cache_mode, kv_loops
         self.H, self.KV, self.hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.attn = nn.ModuleDict()

@@ -13,12 +13,8 @@ from typing import Any, Optional
 from curriculum.routing import CurriculumConfig
 from elr_rl.metrics import MetricsConfig
 from elr_rl.text import ChatOptions
-from elr_rl.train.config import EngineConfig, OptimConfig
+from elr_rl.train.config import EngineConfig, OptimConfig, _fail
 from environments.sandbox import SandboxConfig
-
-
-def _fail(field_name: str, problem: str, fix: str) -> None:
-    raise ValueError(f"config field `{field_name}`: {problem}; {fix}")
 
 
 @dataclass
@@ -60,8 +56,10 @@ class RolloutConfig:
                 _fail(f"rollout.{name}", f"got {getattr(self, name)}", "use 1 or more")
         if self.group_size < 2:
             _fail("rollout.group_size", f"got {self.group_size}", "GRPO needs groups of at least 2 completions")
-        if self.cache_mode not in ("per_loop", "last_loop"):
-            _fail("rollout.cache_mode", f"got {self.cache_mode!r}", "use per_loop or last_loop")
+        from elr_rl.model.config import KV_CACHE_MODES
+
+        if self.cache_mode not in KV_CACHE_MODES:
+            _fail("rollout.cache_mode", f"got {self.cache_mode!r}", f"use one of {KV_CACHE_MODES}")
 
 
 @dataclass
@@ -113,8 +111,10 @@ class AsyncConfig:
     """Sequences whose logprobs are compared between a worker and the learner after each sync (0: off)."""
 
     def validate(self) -> None:
-        if self.mode not in ("async", "sync"):
-            _fail("async_.mode", f"got {self.mode!r}", "use async or sync")
+        from elr_rl.rl.messages import AsyncMode
+
+        if self.mode not in set(AsyncMode):
+            _fail("async_.mode", f"got {self.mode!r}", f"use one of {[str(m) for m in AsyncMode]}")
         if self.max_staleness < 0:
             _fail("async_.max_staleness", f"got {self.max_staleness}", "use 0 or more policy versions")
 
@@ -130,7 +130,8 @@ class LearnerConfig:
     num_gpus_per_rank: float = 0.0
     """GPUs reserved by each rank actor."""
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(grad_accum_steps=1, accelerator="auto"))
-    """ZeRO stage, precision, device (grad_accum_steps is set per step from the loop counts present)."""
+    """ZeRO stage, precision, device (grad_accum_steps is ignored: the learner sets it to len(curriculum.loop_counts),
+    one microbatch per loop count in every step, empty ones included)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
     """AdamW settings; the lr is constant after warmup_steps."""
     warmup_steps: int = 0

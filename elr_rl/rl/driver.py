@@ -32,6 +32,7 @@ from elr_rl.rl.messages import AsyncMode, GenerateReply, Group, StepResult
 from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
 from elr_rl.rl.samples import RolloutBuffer, learner_batches, select_samples, take_one_loop_count
 from elr_rl.rl.stats import step_metrics
+from elr_rl.train.schedule import warmup_factor
 from elr_rl.text import TextCodec
 
 log = logging.getLogger("elr_rl.rl")
@@ -69,6 +70,7 @@ class Driver:
         from curriculum.service import start_curriculum_service
         from elr_rl.config import save_config
         from elr_rl.metrics import MetricsWriter
+        from elr_rl.model import config_from_dict
         from elr_rl.rl.learner import LearnerGroup
         from environments.pool import ScoringPool
         from environments.registry import load_env_class, resolve_envs
@@ -90,6 +92,8 @@ class Driver:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(c, self.run_dir / "config.yaml")
         self.env_classes = {name: load_env_class(name) for name in names}
+        config = json.loads((Path(c.model_path) / "config.json").read_text())
+        self.depth = config_from_dict(config).loop_spec().effective_depth  # D_eff(k): a sample's cost is tokens x D_eff
         resume = latest_checkpoint(self.run_dir) if c.run.resume else None
         self.state = RunState.load(resume) if resume else None
         seeds = range(c.envs.seed_offset, c.envs.seed_offset + c.envs.num_seeds)
@@ -355,27 +359,15 @@ class Driver:
                                        c.algo.overlong_filter, c.learner.max_seq_len)
         self.ledger["trained"] += len(groups) - int(info["batch/uninformative_groups"])
         self.ledger["uninformative"] += int(info["batch/uninformative_groups"])
-        depth = self._depth()
-        lb = learner_batches(samples, c.learner.world_size, depth, c.algo.aggregation, c.curriculum.loop_counts)
+        lb = learner_batches(samples, c.learner.world_size, self.depth, c.algo.aggregation, c.curriculum.loop_counts)
         info.update(lb.stats)
         info["staleness"] = [self.version - g.version for g in groups]
         info["dropped_stale_new"] = self.buffer.dropped_stale - self.ledger["dropped_reported"]
         self.ledger["dropped_reported"] = self.buffer.dropped_stale
         info["groups"] = groups
-        lr = c.learner.optim.lr * min(1.0, (self.step + 1) / max(1, c.learner.warmup_steps or 1))
+        lr = c.learner.optim.lr * warmup_factor(self.step, c.learner.warmup_steps)
         info["lr"] = lr
         return self.learner.train_step(lb.microbatches, lb.ks, lr), info
-
-    def _depth(self):
-        if not hasattr(self, "_depth_fn"):
-            from elr_rl.model import LoopedForCausalLM
-
-            import torch
-
-            with torch.device("meta"):
-                spec = LoopedForCausalLM.from_pretrained(self.cfg.model_path).spec
-            self._depth_fn = spec.effective_depth
-        return self._depth_fn
 
     def _sync_weights(self, results: list[StepResult], batch_info) -> float:
         """Send the new weights to every worker as one object; start a parity spot-check. Returns seconds.

@@ -8,7 +8,6 @@ trained at the k that produced it and all depths are averaged in the same step.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
 
@@ -17,12 +16,6 @@ import torch
 from elr_rl.rl import grpo
 from elr_rl.rl.config import RLConfig
 from elr_rl.rl.messages import StepResult
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[dict[str, float]]):
@@ -76,6 +69,10 @@ class LearnerRank:
         return ray.get_runtime_context().get_node_id()
 
     def rendezvous_address(self) -> tuple[str, int]:
+        import socket
+
+        from elr_rl.train.launch import free_port
+
         return socket.gethostbyname(socket.gethostname()), free_port()
 
     def setup(self, master_addr: str, master_port: int, resume_dir: str | None = None) -> dict | None:
@@ -193,21 +190,10 @@ class LearnerGroup:
         """Ref of the step's per-rank results (asynchronous: the caller waits when it needs them)."""
         return [r.train_step.remote(mb, ks, lr) for r, mb, ks in zip(self.ranks, per_rank_mbs, per_rank_ks)]
 
-    def weights(self):
-        import ray
-
-        refs = [r.weights.remote() for r in self.ranks]  # every rank joins the ZeRO-3 gather
-        return refs[0], refs
-
     def save(self, directory: str, client_state: dict) -> None:
         import ray
 
         ray.get([r.save.remote(directory, client_state) for r in self.ranks])
-
-    def logprobs(self, sequences: list[list[int]], k: int) -> list[list[float]]:
-        import ray
-
-        return ray.get(self.logprobs_ref(sequences, k))
 
     def logprobs_ref(self, sequences: list[list[int]], k: int):
         """Ref of rank 0's teacher-forced logprobs (computed before any later train_step)."""

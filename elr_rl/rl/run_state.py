@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,23 +24,15 @@ class RunState:
     queue: list[dict[str, Any]]  # assignments scheduled but not yet scored: re-queued on resume
     curriculum: dict[str, Any]
     ledger: dict[str, int] = field(default_factory=dict)
-    python_rng: Any = None
 
     @classmethod
     def load(cls, ckpt: Path) -> "RunState":
         d = json.loads((Path(ckpt) / STATE_FILE).read_text())
-        state = cls(**d)
-        if state.python_rng is not None:
-            random.setstate(_to_rng_state(state.python_rng))
-        return state
-
-
-def _to_rng_state(x: Any):
-    return (x[0], tuple(x[1]), x[2])
+        d.pop("python_rng", None)  # written by older versions; nothing in a run draws from Python's random
+        return cls(**d)
 
 
 def save_run_state(ckpt: Path, state: RunState) -> None:
-    state.python_rng = random.getstate()
     ckpt = Path(ckpt)
     ckpt.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=ckpt, prefix=".run_state.", suffix=".tmp")

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
+from elr_rl.model.config import KV_CACHE_MODES
 from elr_rl.rollout.worker_extension import weight_mismatches
 
 EXTENSION = "elr_rl.rollout.worker_extension.LoopedWorkerExtension"
-CACHE_MODES = ("per_loop", "last_loop")
 # Native config.json fields for the loop count and cache mode, per checkpoint format.
 _LOOP_FIELD = {"elr_looped": "num_loops", "dory": "n_recurrent_loops"}
 _MODE_FIELD = {"elr_looped": "kv_cache_mode", "dory": "recurrent_kv_cache_mode"}
@@ -119,8 +119,8 @@ def mode_engine_args(cache_mode: str, max_model_len: int) -> dict:
     in one step (no chunked prefill, max_num_batched_tokens >= max_model_len) and
     never be served from another request's cached prefix.
     """
-    if cache_mode not in CACHE_MODES:
-        raise ValueError(f"cache_mode must be one of {CACHE_MODES}, got {cache_mode!r}")
+    if cache_mode not in KV_CACHE_MODES:
+        raise ValueError(f"cache_mode must be one of {KV_CACHE_MODES}, got {cache_mode!r}")
     if cache_mode == "per_loop":
         return {}
     return {
@@ -171,8 +171,8 @@ class RolloutEngine:
         self.cache_mode = cache_mode or spec.kv_cache_mode
         self.max_loops = spec.max_loops
         self.kv_loops = opts.kv_loops or spec.max_loops
-        if self.cache_mode not in CACHE_MODES:
-            raise ValueError(f"cache_mode must be one of {CACHE_MODES}, got {self.cache_mode!r}")
+        if self.cache_mode not in KV_CACHE_MODES:
+            raise ValueError(f"cache_mode must be one of {KV_CACHE_MODES}, got {self.cache_mode!r}")
         if not 1 <= self.k <= self.max_loops:
             raise ValueError(f"k={self.k} is outside 1..{self.max_loops} (max_loops of {self.checkpoint_dir})")
         if self.cache_mode == "per_loop" and not self.k <= self.kv_loops <= self.max_loops:
@@ -365,9 +365,6 @@ class RolloutEngine:
     def kv_bytes_per_token(self, k: int | None = None) -> int:
         """KV-cache bytes per token at loop count k (default: the current k), from the engine's caches."""
         return int(self.llm.collective_rpc("elr_kv_bytes_per_token", args=(int(k or self.k),))[0])
-
-    def param_checksum(self) -> float:
-        return float(self.llm.collective_rpc("elr_param_checksum")[0])
 
     def shutdown(self) -> None:
         """Stop the engine core and free its memory and process group."""

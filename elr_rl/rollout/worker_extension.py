@@ -34,9 +34,6 @@ class LoopedWorkerExtension:
         self._elr_model().set_num_loops(k)
         return int(k)
 
-    def elr_get_k(self) -> int:
-        return int(self._elr_model().num_loops)
-
     def elr_update_weights(self, path: str) -> dict:
         """Reload every weight in place from a safetensors file (learner names, checkpoint format).
 
@@ -65,10 +62,6 @@ class LoopedWorkerExtension:
                 f"weight reload incomplete: not loaded {sorted(not_loaded)[:5]}, placeholders {placeholders[:5]}"
             )
         return {"tensors": len(weights), "seconds": seconds}
-
-    def elr_param_checksum(self) -> float:
-        """Sum of all parameters (float64): a cheap check that weights changed or stayed."""
-        return float(sum(p.detach().double().sum().item() for p in self._elr_model().parameters()))
 
     def elr_kv_bytes_per_token(self, k: int) -> int:
         """KV-cache bytes one token occupies at loop count k: the cache pages of the layers k loops use."""

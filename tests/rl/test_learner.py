@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load
 
 from elr_rl.rl.learner import LearnerGroup
+from elr_rl.rl.messages import StepResult
 from elr_rl.rl.samples import TrainSample, learner_batches
 from tests.rl.helpers import make_config
 
@@ -33,14 +34,14 @@ def _samples(n: int, seed: int = 0) -> list[TrainSample]:
     return out
 
 
-def _step(cfg, samples, depth) -> tuple[dict[str, torch.Tensor], list[dict], list[float]]:
+def _step(cfg, samples, depth) -> tuple[dict[str, torch.Tensor], list[StepResult], list[float]]:
     import ray
 
     group = LearnerGroup(cfg)
     try:
         lb = learner_batches(samples, cfg.learner.world_size, depth, cfg.algo.aggregation, cfg.curriculum.loop_counts)
         results = ray.get(group.train_step(lb.microbatches, lb.ks, lr=1e-2))
-        weights = load(ray.get(group.weights()[0]))
+        weights = load(ray.get(results[0].weights_ref[0]))  # rank 0 published the new weights
         checksums = ray.get([r.param_checksum.remote() for r in group.ranks])
     finally:
         group.shutdown()
@@ -56,16 +57,16 @@ def test_two_ranks_make_the_same_update_as_one(toy_checkpoint, ray_cluster, tmp_
     one, one_results, _ = _step(make_config(toy_checkpoint, tmp_path / "one", algo={"aggregation": aggregation}), samples, depth)
     two, results, checksums = _step(make_config(toy_checkpoint, tmp_path / "two", learner={"world_size": 2},
                                                 algo={"aggregation": aggregation}), samples, depth)
-    assert len(results) == 2 and all(len(r["losses"]) == 4 for r in results)  # one microbatch per k on each rank
+    assert len(results) == 2 and all(len(r.losses) == 4 for r in results)  # one microbatch per k on each rank
     # the cost-balanced split gave both ranks real work
-    assert all(sum(s["tokens"] for s in r["microbatch_stats"]) > 0 for r in results)
+    assert all(sum(s["tokens"] for s in r.microbatch_stats) > 0 for r in results)
     assert checksums[0] == pytest.approx(checksums[1], rel=0, abs=1e-9)  # data-parallel ranks stay identical
     start = load((toy_checkpoint / "model.safetensors").read_bytes())
     moved = max((one[n] - start[n]).abs().max().item() for n in one)
     assert moved > 1e-3  # the step did change the weights
     # the same gradient, not just the same direction (Adam's first step would hide a uniform scale error)
-    assert results[0]["grad_norm"] == pytest.approx(one_results[0]["grad_norm"], rel=1e-5)
+    assert results[0].grad_norm == pytest.approx(one_results[0].grad_norm, rel=1e-5)
     worst = max((one[n] - two[n]).abs().max().item() for n in one)
-    print(f"grad norm {one_results[0]['grad_norm']:.6g} vs {results[0]['grad_norm']:.6g}; max |w1 - w2| {worst:.3g}")
+    print(f"grad norm {one_results[0].grad_norm:.6g} vs {results[0].grad_norm:.6g}; max |w1 - w2| {worst:.3g}")
     # Adam moves every weight by about lr = 1e-2 on a first step; reduction-order noise stays far below
     assert worst < 5e-5, f"2-rank update differs from 1-rank update by {worst}"
