@@ -31,7 +31,7 @@ from elr_rl.rl.config import RLConfig
 from elr_rl.rl.messages import AsyncMode, GenerateReply, Group, StepResult
 from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
 from elr_rl.rl.samples import RolloutBuffer, learner_batches, select_samples, take_one_loop_count
-from elr_rl.rl.stats import step_metrics
+from elr_rl.rl.stats import BatchInfo, step_metrics
 from elr_rl.train.schedule import warmup_factor
 from elr_rl.text import TextCodec
 
@@ -177,9 +177,10 @@ class Driver:
                 wall, window = now - t_run, max(now - t_row, 1e-9)
                 # idle ratios over this step's window (start-up is not counted against either side)
                 rollout_busy = self.rollout_busy_s / (len(self.workers) * window)
-                row = step_metrics(results, batch_info, self.version, self.window, self.ledger, self.worker_restarts,
-                                   sync_s, self.parity, self.weight_loads, learner_busy / window, rollout_busy, wall,
-                                   window)
+                row = step_metrics(results, batch_info, version=self.version, window=self.window, ledger=self.ledger,
+                                   restarts=self.worker_restarts, sync_s=sync_s, parity=self.parity,
+                                   weight_loads=self.weight_loads, learner_busy=learner_busy / window,
+                                   rollout_busy=rollout_busy, wall=wall, window_s=window)
                 t_row, learner_busy, self.rollout_busy_s = now, 0.0, 0.0
                 row["timing_s/update_actor"] = learner_step_s
                 if c.run.eval_interval and (self.step % c.run.eval_interval == 0 or self.step >= stop_at):
@@ -210,8 +211,6 @@ class Driver:
     # ------------------------------------------------------------ generation
     def _schedule(self, learner_busy: bool) -> None:
         """Hand prompts to idle workers (sync mode: only what the next step needs, never while training)."""
-        import ray
-
         c = self.cfg
         need = c.algo.groups_per_step
         pending_groups = len(self.buffer) + sum(len(a) for _, a in self.inflight.values()) + len(self.scoring)
@@ -353,23 +352,22 @@ class Driver:
                                           response_tokens_mean=sum(resp) / len(resp)))
 
     # ------------------------------------------------------------------ learning
-    def _train(self, groups: list[Group]):
+    def _train(self, groups: list[Group]) -> tuple[list[Any], BatchInfo]:
+        """Start one learner step on `groups`: the learner's refs and what the step's metrics need."""
         c = self.cfg
-        samples, info = select_samples(groups, c.algo.std_normalize, c.algo.dynamic_sampling,
-                                       c.algo.overlong_filter, c.learner.max_seq_len)
-        self.ledger["trained"] += len(groups) - int(info["batch/uninformative_groups"])
-        self.ledger["uninformative"] += int(info["batch/uninformative_groups"])
+        samples, stats = select_samples(groups, c.algo.std_normalize, c.algo.dynamic_sampling,
+                                        c.algo.overlong_filter, c.learner.max_seq_len)
+        uninformative = int(stats["batch/uninformative_groups"])
+        self.ledger["trained"] += len(groups) - uninformative
+        self.ledger["uninformative"] += uninformative
         lb = learner_batches(samples, c.learner.world_size, self.depth, c.algo.aggregation, c.curriculum.loop_counts)
-        info.update(lb.stats)
-        info["staleness"] = [self.version - g.version for g in groups]
-        info["dropped_stale_new"] = self.buffer.dropped_stale - self.ledger["dropped_reported"]
+        dropped = self.buffer.dropped_stale - self.ledger["dropped_reported"]
         self.ledger["dropped_reported"] = self.buffer.dropped_stale
-        info["groups"] = groups
         lr = c.learner.optim.lr * warmup_factor(self.step, c.learner.warmup_steps)
-        info["lr"] = lr
+        info = BatchInfo(groups, [self.version - g.version for g in groups], dropped, lr, stats | lb.stats)
         return self.learner.train_step(lb.microbatches, lb.ks, lr), info
 
-    def _sync_weights(self, results: list[StepResult], batch_info) -> float:
+    def _sync_weights(self, results: list[StepResult], batch_info: BatchInfo) -> float:
         """Send the new weights to every worker as one object; start a parity spot-check. Returns seconds.
 
         The learner put the weights into the object store at the end of its step (`weights_ref`);
@@ -396,10 +394,10 @@ class Driver:
             except RayActorError as exc:
                 self._restart_worker(i, [], exc)
 
-    def _start_parity_check(self, batch_info) -> None:
+    def _start_parity_check(self, batch_info: BatchInfo) -> None:
         """Score a few sequences of the last batch on the learner and on worker 0 (collected later)."""
         n = self.cfg.async_.parity_check_sequences
-        groups = batch_info["groups"] if batch_info else []
+        groups = batch_info.groups
         if not n or not groups or self.parity_pending is not None:
             return
         g = groups[0]
@@ -449,15 +447,15 @@ class Driver:
         mark_latest(ckpt)
         self.last_checkpoint = str(ckpt)
 
-    def _log_samples(self, batch_info) -> None:
+    def _log_samples(self, batch_info: BatchInfo) -> None:
         """A few of the step's samples (two per group of the first groups) to rollouts.jsonl and W&B."""
         from environments.registry import get_env
 
         every = self.cfg.run.sample_log_interval
-        if not every or self.step % every or not batch_info:
+        if not every or self.step % every:
             return
         records = []
-        for g in batch_info["groups"][:4]:
+        for g in batch_info.groups[:4]:
             a = g.assignment
             prompt = get_env(a.env).generate(a.seed, a.difficulty).prompt
             for s in g.samples[:2]:

@@ -135,9 +135,11 @@ class LearnerRank:
         return float(sum(t.double().square().sum() for t in self.engine.full_state_dict().values()))
 
     def save(self, directory: str, client_state: dict) -> None:
-        from elr_rl.model import build_tokenizer
+        """Weights, optimizer state and the run's own tokenizer, chat template and stop ids (a resumed run,
+        its rollout workers and `elr-rl eval` read them from this folder)."""
+        from elr_rl.text import TextCodec
 
-        self.engine.save(directory, client_state, tokenizer=build_tokenizer())
+        self.engine.save(directory, client_state, tokenizer=TextCodec.load(self.cfg.model_path))
 
     @torch.no_grad()
     def logprobs(self, sequences: list[list[int]], k: int) -> list[list[float]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from elr_rl.rl.messages import Group, StepResult
@@ -35,7 +36,18 @@ def group_metrics(groups: list[Group]) -> dict[str, float]:
     return out
 
 
-def step_metrics(results: list[StepResult], info: dict[str, Any], version: int, window: list[Group],
+@dataclass
+class BatchInfo:
+    """What the driver knows of the batch a learner step trains on (for that step's metrics row)."""
+
+    groups: list[Group]
+    staleness: list[int]  # policy versions between each group's sampler and the learner
+    dropped_stale_new: int  # groups dropped as stale since the previous batch
+    lr: float
+    stats: dict[str, float]  # batch/* metrics of select_samples and learner_batches
+
+
+def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, window: list[Group],
                  ledger, restarts: int, sync_s: float, parity: list[float], weight_loads: list[float],
                  learner_busy: float, rollout_busy: float, wall: float, window_s: float) -> dict[str, Any]:
     """One metrics row. `learner_busy`/`rollout_busy` are fractions of the time since the last row;
@@ -47,22 +59,22 @@ def step_metrics(results: list[StepResult], info: dict[str, Any], version: int, 
         vals = [(s[key], s["tokens"]) for s in mb if key in s and (update is None or s.get("update") == update)]
         return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
 
-    staleness = info.get("staleness") or [0]
-    groups = len(info.get("groups") or [])
-    dropped = info.get("dropped_stale_new", 0)
+    staleness = info.staleness or [0]
+    groups = len(info.groups)
+    dropped = info.dropped_stale_new
     row: dict[str, Any] = group_metrics(window)
     row.update({
         "actor/pg_loss": sum(sum(r.losses) for r in results) / max(1, len(results)),
         "actor/pg_clipfrac": wmean("clip_frac"), "actor/entropy": wmean("entropy"), "actor/ppo_kl": wmean("kl"),
         "actor/is_weight_mean": wmean("is_weight_mean"), "actor/ratio_mean": wmean("ratio_mean"),
-        "actor/grad_norm": results[0].grad_norm, "actor/lr": info.get("lr"),
+        "actor/grad_norm": results[0].grad_norm, "actor/lr": info.lr,
         # the first update of a step starts from the weights that the old logprobs came from
         "actor/ratio_mean/update0": wmean("ratio_mean", 0), "actor/is_weight_mean/update0": wmean("is_weight_mean", 0),
         "actor/ratio_max_dev/update0": max((abs(s["ratio_mean"] - 1) for s in mb if s.get("update") == 0), default=None),
         "async/staleness_mean": _mean([float(x) for x in staleness]), "async/staleness_max": max(staleness),
         "async/policy_version": version, "async/dropped_stale_groups": ledger.get("dropped_stale", 0),
         "async/dropped_stale_frac": dropped / (dropped + groups) if dropped + groups else 0.0,
-        "batch/frac_reward_zero_std": info.get("batch/uninformative_groups", 0.0) / groups if groups else None,
+        "batch/frac_reward_zero_std": info.stats.get("batch/uninformative_groups", 0.0) / groups if groups else None,
         "timing_s/step": window_s, "timing_s/weight_sync": sync_s, "timing_s/elapsed": wall,
         "timing_s/weight_load": max(weight_loads) if weight_loads else None,
         "perf/weight_sync_frac": min(1.0, sync_s / window_s) if window_s else None,
@@ -74,5 +86,5 @@ def step_metrics(results: list[StepResult], info: dict[str, Any], version: int, 
     })
     gen_tokens = sum(s.num_model_tokens for g in window for s in g.samples)
     row["perf/gen_tokens_per_s"] = gen_tokens / window_s if window_s else 0.0  # generated since the last row
-    row.update({k: v for k, v in info.items() if k.startswith("batch/")})
+    row.update(info.stats)
     return {k: v for k, v in row.items() if v is not None}

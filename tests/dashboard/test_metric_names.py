@@ -7,10 +7,12 @@ import sys
 import types
 from dataclasses import dataclass, field
 
+import pytest
+
 from elr_rl.metrics import SAMPLE_COLUMNS, SAMPLES_FILE, MetricsConfig, MetricsWriter, canonical_row
 from curriculum.routing import Assignment
 from elr_rl.rl.messages import FinishReason, Group, Sample, StepResult
-from elr_rl.rl.stats import group_metrics, step_metrics
+from elr_rl.rl.stats import BatchInfo, group_metrics, step_metrics
 from elr_rl.rl.validation import validation_metrics
 
 
@@ -44,14 +46,21 @@ def test_rl_step_metrics_use_the_scheme():
     assert "critic/score/env/expr_eval/k4" not in g  # per (env, k): pass rate only
     results = [StepResult([0.5], 1.5, [{"tokens": 10, "clip_frac": 0.1, "entropy": 2.0, "kl": 0.0, "ratio_mean": 1.0,
                                         "is_weight_mean": 1.0, "update": 0}], weights_serialize_s=0.0)]
-    info = {"groups": window[:2], "lr": 1e-4, "staleness": [0, 1], "dropped_stale_new": 2,
-            "batch/uninformative_groups": 1.0, "batch/trained_samples": 2.0}
-    row = step_metrics(results, info, 5, window, {"dropped_stale": 7}, 0, 0.5, [], [0.2], 0.9, 0.8, 100.0, 4.0)
+    info = BatchInfo(window[:2], staleness=[0, 1], dropped_stale_new=2, lr=1e-4,
+                     stats={"batch/uninformative_groups": 1.0, "batch/trained_samples": 2.0})
+    row = step_metrics(results, info, version=5, window=window, ledger={"dropped_stale": 7, "requeued": 3}, restarts=1,
+                       sync_s=0.5, parity=[1e-5, 3e-4], weight_loads=[0.2], learner_busy=0.9, rollout_busy=0.8,
+                       wall=100.0, window_s=4.0)
     assert row["actor/pg_clipfrac"] == 0.1 and row["actor/grad_norm"] == 1.5 and row["actor/lr"] == 1e-4
     assert row["batch/frac_reward_zero_std"] == 0.5 and row["async/dropped_stale_frac"] == 0.5
     assert row["timing_s/weight_sync"] == 0.5 and row["timing_s/step"] == 4.0 and row["perf/weight_sync_frac"] == 0.125
     assert row["timing_s/weight_load"] == 0.2 and row["perf/trained_tokens_per_s"] == 2.5
     assert row["perf/gen_tokens_per_s"] == 12 / 4.0
+    assert row["async/staleness_mean"] == 0.5 and row["async/staleness_max"] == 1 and row["async/policy_version"] == 5
+    assert row["perf/learner_idle_ratio"] == pytest.approx(0.1) and row["perf/rollout_idle_ratio"] == pytest.approx(0.2)
+    assert row["sync/parity_max_abs_diff"] == 3e-4 and row["faults/restarted_workers"] == 1
+    assert row["faults/requeued_prompts"] == 3 and row["actor/pg_loss"] == 0.5 and row["perf/trained_tokens"] == 10
+    assert row["actor/ratio_max_dev/update0"] == 0.0 and "actor/ppo_kl" in row
     assert not any(k.startswith(("reward/", "pass_rate/", "perf/weight_sync_s")) for k in row)
 
 
