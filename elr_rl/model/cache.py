@@ -1,6 +1,6 @@
 """Attention cores for the PyTorch model: dense (training, teacher forcing) and KV-cached (generation).
 
-KV-cache modes (DESIGN.md section 1):
+KV-cache modes:
 * per_loop: one K/V cache per (sublayer, loop). Decoding at loop i sees past tokens'
   loop-i K/V: exactly what the teacher-forced forward computes.
 * last_loop: one K/V cache per sublayer, overwritten by every loop; past tokens are

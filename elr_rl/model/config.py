@@ -243,7 +243,7 @@ class ElrConfig(PretrainedConfig):
 
 
 class DoryConfig(PretrainedConfig):
-    """Dory1.0-4B's checkpoint config, field for field (shared/FACTS.md).
+    """Dory1.0-4B's checkpoint config, field for field (config fields and tensor names read from upstream vLLM's Dory model and config).
 
     Layer counts are sublayers. Fields this project adds for training
     (`max_recurrent_loops`, `truncated_backprop`) are only written when set.

@@ -1,6 +1,6 @@
 """The loop math, shared by the PyTorch model and the vLLM model so they cannot drift.
 
-State between loops (per token, d channels), DESIGN.md section 1:
+State between loops (per token, d channels):
 
     s_0  = h_in  (or 0)                 initial state
     s~_i = s_{i-1} + h_in               input re-injected every loop

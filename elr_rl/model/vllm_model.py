@@ -17,7 +17,8 @@ core is a set of vLLM `Attention` layers, each owning one KV cache:
 * last_loop: one `Attention` per attention sublayer, called k times per forward;
   each call writes the token's K/V before reading, so the last loop's K/V stays.
   Memory is flat in k. Needs whole-prompt prefill and no prefix-cache hits
-  (shared/FACTS.md); `elr_rl.rollout.engine` sets those engine options.
+  (chunked prefill put later chunks off by up to 2.85 nats in a measurement on the CPU
+  backend); `elr_rl.rollout.engine` sets those engine options.
 
 The loop count lives on the model (`num_loops`) and is read at every forward, so
 in eager mode a worker can change it between batches (`set_num_loops`).
@@ -202,7 +203,7 @@ class LoopedVllmForCausalLM(nn.Module):
 
 
 def _warn_unsafe_last_loop(vllm_config) -> None:
-    """last_loop results change with chunked prefill and prefix-cache hits (FACTS.md): say so."""
+    """last_loop results change with chunked prefill and prefix-cache hits: say so."""
     sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
     if getattr(sched, "enable_chunked_prefill", False) or getattr(cache, "enable_prefix_caching", False):
         logger.warning(

@@ -162,7 +162,7 @@ class DistConfig:
 
 @dataclass
 class LoopConfig:
-    """Mixed-depth loop sampling (DESIGN.md section 2)."""
+    """Mixed-depth loop sampling: k ~ Uniform{1..K} with a rotating fraction f of ranks forced to k = 1."""
 
     max_loops: Optional[int] = None
     """K: loop counts are drawn from 1..K. None uses the model's max_loops; a preset model is built with it."""

@@ -1,4 +1,4 @@
-"""Mixed-depth loop sampling (DESIGN.md section 2), as small pure pieces.
+"""Mixed-depth loop sampling, as small pure pieces.
 
 Every draw is a pure function of (seed, step, microbatch, rank): no hidden RNG
 state, so all ranks agree on who is forced to k = 1 without communicating, and
