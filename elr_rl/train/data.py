@@ -207,7 +207,8 @@ def preflight(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, n
         tokens = sum(len(ids) for ids, _ in fit)
         supervised = sum(sum(mask) for _, mask in fit)
         sequences = max(1.0, tokens / seq_len) if fit else 1.0
-        rep = SourceReport(name, len(docs), sum(lengths) / len(lengths), max(lengths), len(fit) / len(enc),
+        whole = sum(length <= seq_len for length in lengths) / len(lengths)  # pretraining splits the rest
+        rep = SourceReport(name, len(docs), sum(lengths) / len(lengths), max(lengths), whole,
                            supervised / sequences if fit else 0.0)
         if stage != "pretrain" and not fit:
             raise ValueError(
