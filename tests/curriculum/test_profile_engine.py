@@ -60,12 +60,12 @@ class Counting:
         from elr_rl.text import TextCodec
 
         # a chunk's first call holds first turns only (<|bos|> prompt <|sep|>); episode turns carry more <|sep|>s
-        texts = [TextCodec.byte_level().tokenizer.decode(c) for c in contexts]
-        if all(t.count("<|sep|>") == 1 for t in texts):
+        tok = TextCodec.byte_level().tokenizer
+        if all(tok.decode(c).count("<|sep|>") == 1 for c in contexts):
             if self.fail_after is not None and self.calls >= self.fail_after:
                 raise KeyboardInterrupt  # the job is killed as it starts a chunk
             self.calls += 1
-            self.asked += [(t, k) for t in texts]
+            self.asked += [(tok.decode(c, skip_special_tokens=True), k) for c in contexts]  # the prompt text
         return self.engine(contexts, k, n)
 
     def factory(self, cfg):

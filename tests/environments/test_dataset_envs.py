@@ -13,7 +13,8 @@ from environments.base import Score
 @pytest.fixture()
 def fresh_registry(monkeypatch):
     """Dataset registrations of one test stay in that test."""
-    monkeypatch.delenv(registry.SPECS_ENV, raising=False)
+    # setenv (not delenv) so that teardown removes what the test registers into the environment
+    monkeypatch.setenv(registry.SPECS_ENV, "")
     registry.refresh()
     yield registry
     registry.refresh()
