@@ -192,8 +192,8 @@ class EnvsConfig:
 
 
 @dataclass
-class RunConfig:
-    """Run length, checkpoints, logging."""
+class RLRunConfig:
+    """Run length, checkpoints, logging and validation of an RL run (pretraining and SFT use TrainRunConfig)."""
 
     output_dir: str = "runs/rl-tiny"
     """Run directory: resolved config, metrics.jsonl, checkpoints, curriculum state, rollouts."""
@@ -240,7 +240,7 @@ class RLConfig:
 
     model_path: str = "runs/quickstart/sft/final"
     """Checkpoint folder to start from (config.json, model.safetensors)."""
-    run: RunConfig = field(default_factory=RunConfig)
+    run: RLRunConfig = field(default_factory=RLRunConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     async_: AsyncConfig = field(default_factory=AsyncConfig)

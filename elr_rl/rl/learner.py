@@ -77,14 +77,14 @@ class LearnerRank:
 
     def setup(self, master_addr: str, master_port: int, resume_dir: str | None = None) -> dict | None:
         from elr_rl.model import LoopedForCausalLM
-        from elr_rl.train.config import RunConfig, TrainConfig
+        from elr_rl.train.config import TrainConfig, TrainRunConfig
         from elr_rl.train.engine import TrainEngine
 
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
         c = self.cfg
         engine_cfg = c.learner.engine
         engine_cfg.grad_accum_steps = len(c.curriculum.loop_counts)  # one microbatch per loop count
-        train_cfg = TrainConfig(engine=engine_cfg, optim=c.learner.optim, run=RunConfig(seed=c.run.seed))
+        train_cfg = TrainConfig(engine=engine_cfg, optim=c.learner.optim, run=TrainRunConfig(seed=c.run.seed))
         model = LoopedForCausalLM.from_pretrained(c.model_path)
         self.depth = model.spec.effective_depth
         self.ref_model = None

@@ -281,8 +281,9 @@ class DataConfig:
 
 
 @dataclass
-class RunConfig:
-    """Run length, logging, evaluation and checkpoints."""
+class TrainRunConfig:
+    """Run length, logging, evaluation and checkpoints of a pretraining or SFT run (an RL run's are
+    RLRunConfig: there evaluation is validation pass@1, not held-out loss, and save_interval must be >= 1)."""
 
     output_dir: str = "runs/pretrain-tiny"
     """Run directory: resolved config, metrics.jsonl, checkpoints."""
@@ -343,7 +344,7 @@ class TrainConfig:
     loops: LoopConfig = field(default_factory=LoopConfig)
     loop_aux: LoopAuxConfig = field(default_factory=LoopAuxConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+    run: TrainRunConfig = field(default_factory=TrainRunConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def validate(self) -> None:
