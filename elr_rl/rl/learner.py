@@ -71,7 +71,7 @@ class LearnerRank:
     def rendezvous_address(self) -> tuple[str, int]:
         import socket
 
-        from elr_rl.train.launch import free_port
+        from elr_rl.train.rank import free_port
 
         return socket.gethostbyname(socket.gethostname()), free_port()
 

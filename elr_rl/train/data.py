@@ -26,8 +26,8 @@ import torch
 
 from elr_rl.text import TextCodec
 from elr_rl.train.corpus import Document, MixedSource
+from elr_rl.train.labels import IGNORE_INDEX, labels_from_packed
 
-IGNORE_INDEX = -100
 # An SFT stream that skips this many documents in a row has nothing that fits a sequence.
 MAX_SKIPS_IN_A_ROW = 1000
 
@@ -47,15 +47,6 @@ def tokenize_document(doc: Document, codec: TextCodec, stage: str) -> tuple[list
     if stage == "pretrain":
         mask = [False] + [True] * (len(ids) - 1)
     return ids, mask
-
-
-def labels_from_packed(ids: list[int], segs: list[int], mask: list[bool]) -> list[int]:
-    """labels[t] = ids[t+1] when t+1 is in t's segment and is a target, else IGNORE_INDEX."""
-    T = len(ids)
-    return [
-        ids[t + 1] if t + 1 < T and segs[t + 1] == segs[t] and mask[t + 1] else IGNORE_INDEX
-        for t in range(T)
-    ]
 
 
 @dataclass

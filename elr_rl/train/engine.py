@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from elr_rl.train.config import TrainConfig
-from elr_rl.train.data import IGNORE_INDEX
+from elr_rl.train.labels import IGNORE_INDEX
 
 LossFn = Callable[[torch.Tensor, dict], torch.Tensor]
 

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from elr_rl.train.data import IGNORE_INDEX, labels_from_packed
+from elr_rl.train.labels import IGNORE_INDEX, labels_from_packed
 
 
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -21,12 +21,12 @@ class RankActor:
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port on it (used by rank 0 for the rendezvous)."""
-        from elr_rl.train.launch import free_port
+        from elr_rl.train.rank import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 
     def run(self, cfg: TrainConfig, rank: int, world_size: int, master_addr: str, master_port: int) -> Any:
-        from elr_rl.train.launch import run_rank
+        from elr_rl.train.rank import run_rank
 
         # Each actor sees only its own GPU(s) (Ray sets CUDA_VISIBLE_DEVICES): local rank 0.
         return run_rank(cfg, rank, world_size, master_addr, master_port, local_rank=0)

@@ -31,7 +31,7 @@ def _gloo_rank(rank: int, world: int, port: int, out_path: str) -> None:
 
 @pytest.fixture(scope="module")
 def gloo_draws(tmp_path_factory) -> torch.Tensor:
-    from elr_rl.train.launch import free_port
+    from elr_rl.train.rank import free_port
 
     out = str(tmp_path_factory.mktemp("draws") / "ks.pt")
     mp.start_processes(_gloo_rank, args=(2, free_port(), out), nprocs=2, join=True, start_method="spawn")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from elr_rl.train.launch import free_port
+    from elr_rl.train.rank import free_port
 
     out = tmp_path_factory.mktemp("train")
     mp.start_processes(_scenarios.worker, args=(2, free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
