@@ -23,7 +23,9 @@ from enum import StrEnum
 from transformers import PretrainedConfig
 
 UPDATE_RULES = ("replace", "residual", "delta", "adaptive_delta", "ngpt")
-BACKBONES = ("prenorm", "ngpt")
+# Each backbone (elr_rl.model.backbones) and the update rules it goes with: nGPT keeps states on the
+# unit sphere, so it takes its own rule and no other backbone does.
+BACKBONES = {"prenorm": ("replace", "residual", "delta", "adaptive_delta"), "ngpt": ("ngpt",)}
 ATTENTION_PATTERNS = ("full", "swa_interleave")
 class CacheMode(StrEnum):
     """How the recurrent block's KV cache is kept across loops (checked here; every other module uses these)."""
@@ -190,8 +192,10 @@ class ElrConfig(PretrainedConfig):
         ):
             if value not in allowed:
                 raise _err(field, f"unknown value {value!r}; choose one of {', '.join(allowed)}")
-        if (self.backbone == "ngpt") != (self.update_rule == "ngpt"):
-            raise _err("update_rule", "the nGPT backbone goes with update_rule='ngpt' and only with it")
+        if self.update_rule not in BACKBONES[self.backbone]:
+            rules = ", ".join(BACKBONES[self.backbone])
+            raise _err("update_rule", f"the {self.backbone} backbone goes with update_rule in ({rules}) only "
+                       "(update_rule='ngpt' and backbone='ngpt' go together)")
         if self.n_input_layers < 0 or self.n_output_layers < 0:
             raise _err("n_input_layers", "layer counts must be >= 0")
         tb = self.truncated_backprop

@@ -181,5 +181,3 @@ class NgptSublayer(nn.Module):
         out = scale_output(self.mixer(modulate(h, mod), positions, core, loop_idx), mod)
         return slerp_step(h, out, getattr(self, self.alpha_name) * self.alpha_scale)
 
-
-SUBLAYERS = {"prenorm": PrenormSublayer, "ngpt": NgptSublayer}

@@ -18,8 +18,9 @@ from torch import nn
 
 from elr_rl.model.cache import CachedCore, DenseCore, KVCache
 from elr_rl.model.config import DoryConfig, ElrConfig, LoopSpec, config_from_dict
-from elr_rl.model.layers import SUBLAYERS, AttentionCore, RMSNorm
-from elr_rl.model.loop import LoopConditioning, justnorm, make_update_rule, run_loops
+from elr_rl.model.backbones import make_backbone_variant
+from elr_rl.model.layers import AttentionCore
+from elr_rl.model.loop import LoopConditioning, make_update_rule, run_loops
 
 Mods = list  # per-sublayer loop.Modulation (ELR eq. 4) or None
 
@@ -28,9 +29,9 @@ class Backbone(nn.Module):
     def __init__(self, spec: LoopSpec) -> None:
         super().__init__()
         self.spec = spec
+        self.variant = make_backbone_variant(spec.backbone)  # prenorm or nGPT: sublayers, final norm, head
         self.embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        sublayer = SUBLAYERS[spec.backbone]
-        self.layers = nn.ModuleList(sublayer(spec, i) for i in range(spec.num_sublayers))
+        self.layers = nn.ModuleList(self.variant.sublayer(spec, i) for i in range(spec.num_sublayers))
         self.update = make_update_rule(spec.update_rule, spec.hidden_size)
         # Conditioning heads: recurrent sublayers first, then output sublayers.
         self.loop_cond = (
@@ -38,7 +39,7 @@ class Backbone(nn.Module):
             if spec.loop_conditioning
             else None
         )
-        self.final_norm = RMSNorm(spec.hidden_size, spec.norm_eps) if spec.backbone == "prenorm" else None
+        self.final_norm = self.variant.final_norm(spec)
 
     def _mods(self, i: int, k: int, heads: range) -> Mods:
         if self.loop_cond is None:
@@ -82,33 +83,6 @@ class Backbone(nn.Module):
         return self.final_norm(h) if self.final_norm is not None else h
 
 
-class LMHead(nn.Module):
-    def __init__(self, spec: LoopSpec) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return (h @ self.weight.t()).float()
-
-
-class NgptLMHead(LMHead):
-    """logits = lm_head(h) * logit_scale / std (Dory; no final norm)."""
-
-    def __init__(self, spec: LoopSpec) -> None:
-        super().__init__(spec)
-        self.logit_scale = nn.Parameter(torch.full((spec.vocab_size,), spec.init_std))
-        self.std = spec.init_std
-
-    def forward(self, h):
-        return (h @ self.weight.t()).float() * (self.logit_scale.float() / self.std)
-
-
-# nGPT keeps weight vectors on the unit sphere along the embedding dimension:
-# input-side projections normalise rows (dim 1), output-side ones columns (dim 0).
-_NGPT_ROW = ("q_proj", "k_proj", "v_proj", "g_proj", "gate_proj", "up_proj", "embeddings", "lm_head")
-_NGPT_COL = ("o_proj", "down_proj")
-
-
 class LoopedForCausalLM(nn.Module):
     """A looped causal LM; one checkpoint serves any loop count k in 1..K."""
 
@@ -117,7 +91,7 @@ class LoopedForCausalLM(nn.Module):
         self.config = config
         self.spec = config.loop_spec()
         self.backbone = Backbone(self.spec)
-        self.lm_head = (NgptLMHead if self.spec.backbone == "ngpt" else LMHead)(self.spec)
+        self.lm_head = self.backbone.variant.lm_head(self.spec)
         self.reset_parameters()
 
     # ---------------------------------------------------------------- parameters
@@ -132,16 +106,9 @@ class LoopedForCausalLM(nn.Module):
 
     @torch.no_grad()
     def normalize_weights_(self) -> None:
-        """nGPT: put weight vectors back on the unit sphere (call after every optimizer step)."""
-        if self.spec.backbone != "ngpt":
-            return
-        for name, p in self.named_parameters():
-            if p.dim() != 2:
-                continue
-            if any(f"{t}." in name or name.startswith(t) for t in _NGPT_ROW):
-                p.copy_(justnorm(p, dim=1))
-            elif any(f"{t}." in name for t in _NGPT_COL):
-                p.copy_(justnorm(p, dim=0))
+        """Put the weights back where the backbone keeps them (nGPT: on the unit sphere; prenorm: nothing).
+        Call after every optimizer step."""
+        self.backbone.variant.normalize_weights_(self)
 
     def reset_loop_conditioning_(self) -> None:
         """Zero-init the conditioning heads (delayed mixed depth's switch): the function is unchanged."""

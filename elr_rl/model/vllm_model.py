@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from elr_rl.model.config import KV_CACHE_MODES, LoopSpec, config_from_dict
-from elr_rl.model.modeling import Backbone, LMHead, NgptLMHead
+from elr_rl.model.modeling import Backbone
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class LoopedVllmForCausalLM(nn.Module):
                 f"{KV_LOOPS_KEY}={kv_loops} must be in num_loops..max_loops = {spec.num_loops}..{spec.max_loops}"
             )
         self.backbone = Backbone(spec)
-        self.lm_head = (NgptLMHead if spec.backbone == "ngpt" else LMHead)(spec)
+        self.lm_head = self.backbone.variant.lm_head(spec)
         core_prefix = f"{prefix}.core" if prefix else "core"  # attention names: core.layers.{virtual}.attn
         self.core = VllmAttentionCore(spec, spec.kv_cache_mode, kv_loops, vllm_config.cache_config, core_prefix)
         self.num_loops = spec.num_loops

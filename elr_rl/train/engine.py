@@ -186,7 +186,7 @@ class TrainEngine:
                 norm = _grad_norm(self.model.parameters())
             self.engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
             losses.append(float(logged.detach()))  # the loss at k (the auxiliary readouts' part is not logged)
-        if self.model.spec.backbone == "ngpt":
+        if self.model.backbone.variant.unit_norm_weights:  # nGPT: weights back on the unit sphere
             self.apply_to_weights_(lambda m: m.normalize_weights_())
         if norm is None:
             norm = self.engine.get_global_grad_norm()
