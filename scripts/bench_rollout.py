@@ -177,7 +177,7 @@ def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args) -> dict:
     out = model.generate(batch, max_new_tokens=args.new_tokens, k=k, cache_mode="per_loop", temperature=1.0,
                          eos_token_id=codec.stop_token_ids[0], generator=g)
     seconds = time.perf_counter() - start
-    rows = out[:, width:].tolist()
+    rows = out.new_tokens.tolist()
     lengths = useful_tokens(rows, set(codec.stop_token_ids))
     computed = len(rows) * len(rows[0])  # every row runs until the last one stops
     return {"seconds": seconds, "tokens": sum(lengths), "computed": computed, "lengths": lengths,

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
             out = model.generate(torch.tensor([ids]), args.max_tokens, k=args.k, cache_mode="per_loop",
                                  temperature=1.0, eos_token_id=stops[0], generator=g)
             plain_s += time.perf_counter() - t
-            plain_tokens += out.shape[1] - len(ids)
+            plain_tokens += out.new_tokens.shape[1]
             t = time.perf_counter()
             toks, st = dec.generate(ids, args.max_tokens, temperature=1.0, stop_token_ids=stops, generator=g)
             spec_s += time.perf_counter() - t

@@ -26,7 +26,7 @@ def _pytorch_greedy_pass_at_1(ckpt, k: int, seeds: range) -> list[bool]:
         task = env.generate(seed, 1)
         prompt = torch.tensor([codec.prompt_ids(task.prompt)])
         out = model.generate(prompt, 32, k=k, cache_mode="per_loop", eos_token_id=codec.stop_token_ids)
-        right.append(bool(env.score(task, codec.decode(out[0, prompt.shape[1]:].tolist())).accuracy))
+        right.append(bool(env.score(task, codec.decode(out.new_tokens[0].tolist())).accuracy))
     return right
 
 

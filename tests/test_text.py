@@ -121,6 +121,6 @@ def test_transformers_auto_model_is_the_looped_model(tmp_path, fmt):
         torch.testing.assert_close(hf(ids).logits, model(ids, k=2), rtol=0, atol=1e-5)
     codec = TextCodec.load(tmp_path)
     prompt = torch.tensor([codec.prompt_ids("12+34=")])
-    ours = model.generate(prompt, 6, k=2)
+    ours = model.generate(prompt, 6, k=2).tokens
     theirs = hf.generate(prompt, max_new_tokens=6, do_sample=False)
     assert theirs[0, : ours.shape[1]].tolist() == ours[0].tolist()

@@ -114,7 +114,7 @@ def cmd_demo(args) -> int:
         t = time_per_token(model, k, args.batch, args.seq, args.repeats)
         base = base or t
         out = model.generate(prompt, args.tokens, k=k)
-        text = tok.decode(out[0, prompt.shape[1]:].tolist()).encode("unicode_escape").decode()[:40]
+        text = tok.decode(out.new_tokens[0].tolist()).encode("unicode_escape").decode()[:40]
         ratio = s.effective_depth(k) / s.effective_depth(1)
         print(f"{k:>2} {s.effective_depth(k):>6} {ratio:>6.2f} {t * 1e6:>9.1f} {t / base:>9.2f}  {text!r}")
     with tempfile.TemporaryDirectory() as d:

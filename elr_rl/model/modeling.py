@@ -11,6 +11,7 @@ Both checkpoint formats (ELR, Dory1.0-4B) build this one module tree; with a
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -81,6 +82,27 @@ class Backbone(nn.Module):
         for j, layer in enumerate(self.layers[s.n_in + s.n_rec :]):
             h = layer(h, positions, core, 0, out_mods[j])
         return self.final_norm(h) if self.final_norm is not None else h
+
+
+@dataclass
+class Generation:
+    """What `LoopedForCausalLM.generate` returns, whatever was asked for."""
+
+    tokens: torch.Tensor
+    """[B, T + n]: the prompts, then the n sampled tokens (a finished row repeats its first stop id)."""
+    logprobs: torch.Tensor
+    """[B, n] float32: each sampled token's raw logprob (before temperature, like vLLM's raw_logprobs)."""
+    finished: torch.Tensor
+    """[B] bool: the row sampled a stop id (False: it ran to max_new_tokens, or no stop ids were given)."""
+    cache: KVCache
+    """The KV cache after the last step (its length counts every token fed to the model)."""
+    prompt_len: int
+    """T, the prompts' length."""
+
+    @property
+    def new_tokens(self) -> torch.Tensor:
+        """[B, n]: the sampled tokens only."""
+        return self.tokens[:, self.prompt_len :]
 
 
 class LoopedForCausalLM(nn.Module):
@@ -189,11 +211,9 @@ class LoopedForCausalLM(nn.Module):
         temperature: float = 0.0,
         eos_token_id: int | list[int] | tuple[int, ...] | None = None,
         generator: torch.Generator | None = None,
-        return_logprobs: bool = False,
-        return_cache: bool = False,
-    ):
-        """KV-cached sampling (greedy at temperature 0). Returns tokens [B, T + n] and, on request,
-        the sampled tokens' raw logprobs [B, n] (before temperature, like vLLM's raw_logprobs)."""
+    ) -> Generation:
+        """KV-cached sampling (greedy at temperature 0): tokens, their raw logprobs, which rows
+        stopped, and the cache (see `Generation`)."""
         k = self._check_k(k)
         cache = KVCache(cache_mode or self.spec.kv_cache_mode)
         stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
@@ -218,12 +238,8 @@ class LoopedForCausalLM(nn.Module):
                     break
             if step + 1 < max_new_tokens:
                 logits = self._cached_step(nxt[:, None], cache, k)
-        out = [tokens]
-        if return_logprobs:
-            out.append(torch.stack(logprobs, dim=1) if logprobs else tokens.new_zeros(tokens.shape[0], 0).float())
-        if return_cache:
-            out.append(cache)
-        return out[0] if len(out) == 1 else tuple(out)
+        lps = torch.stack(logprobs, dim=1) if logprobs else tokens.new_zeros(tokens.shape[0], 0).float()
+        return Generation(tokens, lps, done, cache, input_ids.shape[1])
 
     # ------------------------------------------------------------------ save/load
     def save_pretrained(self, path: str | Path) -> None:

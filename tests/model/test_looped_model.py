@@ -131,7 +131,9 @@ def test_delta_with_a_zero_keeps_the_input_state():
 def test_per_loop_cached_generation_equals_full_recompute(variant, k):
     model = make(seed=k, **VARIANTS[variant])
     prompt = torch.randint(0, 256, (2, 6))
-    out, lps = model.generate(prompt, 8, k=k, cache_mode="per_loop", return_logprobs=True)
+    gen = model.generate(prompt, 8, k=k, cache_mode="per_loop")
+    out, lps = gen.tokens, gen.logprobs
+    assert gen.new_tokens.shape == lps.shape == (2, 8) and not gen.finished.any()  # no stop ids: never finished
     seq = prompt
     for _ in range(8):  # greedy by full recompute
         seq = torch.cat([seq, model(seq, k=k)[:, -1].argmax(-1, keepdim=True)], 1)
@@ -139,11 +141,23 @@ def test_per_loop_cached_generation_equals_full_recompute(variant, k):
     assert torch.allclose(lps, model.token_logprobs(out, k=k)[:, 5:], atol=1e-5)
 
 
+def test_generation_says_which_rows_stopped_and_pads_them_with_the_stop_id():
+    model = make(seed=5)
+    prompt = torch.randint(0, 256, (2, 6))
+    free = model.generate(prompt, 5, k=2, cache_mode="per_loop")
+    stop = int(free.new_tokens[0, 1])  # row 0 samples it second (greedy)
+    gen = model.generate(prompt, 5, k=2, cache_mode="per_loop", eos_token_id=[stop, 999])
+    assert bool(gen.finished[0]) and gen.new_tokens[0, 1:].tolist() == [stop] * (gen.new_tokens.shape[1] - 1)
+    assert bool(gen.finished[1]) == (stop in free.new_tokens[1].tolist())
+    assert gen.cache.length == gen.tokens.shape[1] - 1  # the last sampled token is never fed back
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_last_loop_generation_matches_reference_and_differs_from_recompute(k):
     model = make(seed=10 + k, n_recurrent_layers=2)
     prompt = torch.randint(0, 256, (1, 5))
-    out, lps = model.generate(prompt, 10, k=k, cache_mode="last_loop", return_logprobs=True)
+    gen = model.generate(prompt, 10, k=k, cache_mode="last_loop")
+    out, lps = gen.tokens, gen.logprobs
     ref_ids, ref_lps = Ref(model).generate(prompt[0].tolist(), 10, k, "last_loop")
     assert out[0].tolist() == ref_ids
     assert torch.allclose(lps[0], torch.tensor(ref_lps), atol=1e-4)
@@ -160,7 +174,8 @@ def test_decode_logprobs_scores_given_tokens_as_the_cached_sampler_does(mode):
     """decode_logprobs on generate's own tokens gives generate's logprobs (both cache modes)."""
     model = make(seed=3, n_recurrent_layers=2)
     prompt = torch.randint(0, 256, (1, 5))
-    out, lps = model.generate(prompt, 9, k=3, cache_mode=mode, return_logprobs=True)
+    gen = model.generate(prompt, 9, k=3, cache_mode=mode)
+    out, lps = gen.tokens, gen.logprobs
     scored = model.decode_logprobs(prompt[0].tolist(), out[0, 5:].tolist(), k=3, cache_mode=mode)
     assert torch.allclose(scored, lps[0], atol=1e-5)
     teacher = model.token_logprobs(out, k=3)[0, 4:]
@@ -177,8 +192,7 @@ def test_kv_bytes_per_token_flat_in_last_loop_and_k_fold_in_per_loop():
     per_tok = {}
     for mode in ("per_loop", "last_loop"):
         for k in (1, 4):
-            _, cache = model.generate(prompt, 4, k=k, cache_mode=mode, return_cache=True)
-            per_tok[mode, k] = cache.bytes_per_token()
+            per_tok[mode, k] = model.generate(prompt, 4, k=k, cache_mode=mode).cache.bytes_per_token()
     assert per_tok["last_loop", 1] == per_tok["last_loop", 4]
     # per token and attention sublayer: K and V of KV heads x head_dim floats
     unit = 2 * model.spec.num_kv_heads * model.spec.head_dim * 4
