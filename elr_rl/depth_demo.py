@@ -1,6 +1,7 @@
 """Elastic depth on the ladder: SFT -> (profile -> RL) -> held-out pass@1 per environment and k, two seeds.
 
-    python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 600] [--tasks 256] [--difficulties 1,2,4] [--rl]
+    python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 600] [--tasks 256] [--difficulties 1,2,4]
+                                [--rl [--rl-steps 30]] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
@@ -11,6 +12,8 @@ Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile
 Evaluation: greedy pass@1 on held-out seeds at each D of `--difficulties` (D = 1: one step, any k
 should do; D = 4: the top of the training range), k = 1..4, `--tasks` tasks a cell. It ends with the
 goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3 environments, on every seed.
+Seeds run side by side (`--jobs`), each command on one thread; every command's output goes to a log
+in its stage's folder, and a stage that fails stops the demo with the end of its log.
 """
 
 from __future__ import annotations
@@ -19,57 +22,95 @@ import argparse
 import json
 import subprocess
 import sys
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ENVS = ["ladder_pointer", "ladder_binding", "ladder_automaton", "ladder_nested"]
 KS = [1, 2, 3, 4]
 GOAL_GAP, GOAL_ENVS = 0.15, 3
+# The baseline: the same data and steps, the final answer's loss only, k ~ Uniform{1..K} per microbatch.
+FINAL_ONLY = ["loop_aux.weight=0", "loops.mode=independent", "loops.force_one_fraction=0"]
 
 
-def cli(title: str, args: list[str]) -> None:
-    print(f"\n== {title}\n$ elr-rl {' '.join(args)}", flush=True)
+def cli(title: str, args: list[str], log: Path, threads: int | None = None) -> None:
+    """Run `elr-rl ARGS` with its output in `log`; print the command, the time, and the log's tail if it fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    print(f"== {title}: elr-rl {' '.join(args)}  (log: {log})", flush=True)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "elr_rl.cli", *args], check=True)
-    print(f"== {title}: {time.perf_counter() - t0:.0f} s", flush=True)
+    with log.open("w") as f:
+        rc = subprocess.run([sys.executable, "-m", "elr_rl.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+                            env=env).returncode
+    if rc:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"{title} failed (exit {rc}); the end of {log}:\n{tail}")
+    print(f"== {title}: done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-def sft(out: Path, seed: int, steps: int, extra: list[str], title: str) -> Path:
-    cli(title, ["sft", "configs/sft_ladder.yaml", f"run.output_dir={out}", f"run.seed={seed}", f"data.seed={seed}",
-                f"run.total_steps={steps}", "run.progress=false", *extra])
-    return out / "final"
+@dataclass
+class SeedRun:
+    """One seed's pipeline: every stage is an `elr-rl` command whose output goes to a log under `root`."""
 
+    root: Path
+    seed: int
+    tasks: int
+    difficulties: list[int]
+    threads: int | None = None  # OMP_NUM_THREADS of its commands (1 when seeds run side by side)
 
-def evaluate(ckpt: Path, out: Path, tasks: int, difficulties: list[int]) -> dict:
-    """{difficulty: rows} of `elr-rl eval` at each difficulty."""
-    res = {}
-    for d in difficulties:
-        path = out / f"eval_d{d}.json"
-        cli(f"eval {ckpt.parent.name} D={d}", ["eval", str(ckpt), "--envs", ",".join(ENVS), "--k",
-                                                ",".join(map(str, KS)), "--difficulty", str(d), "-n", str(tasks),
-                                                "--max-new-tokens", "24", "--json", str(path)])
-        res[d] = json.loads(path.read_text())
-    return res
+    def run(self, title: str, args: list[str], log: Path) -> None:
+        cli(f"seed {self.seed}: {title}", args, log, self.threads)
 
+    def sft(self, name: str, steps: int, extra: list[str], title: str) -> Path:
+        out = self.root / name
+        self.run(title, ["sft", "configs/sft_ladder.yaml", f"run.output_dir={out}", f"run.seed={self.seed}",
+                         f"data.seed={self.seed}", f"run.total_steps={steps}", "run.progress=false", *extra],
+                 out / "sft.log")
+        return out / "final"
 
-def rl_stages(run: Path, seed: int, base: Path, rl_steps: int, tasks: int, dis: list[int]) -> dict[str, dict]:
-    """GRPO (curriculum alpha 0.3 and 0) and continued SFT, each from the loop-wise SFT model."""
-    table = run / "profile"
-    envs = "[" + ",".join(ENVS) + "]"
-    cli(f"seed {seed}: profile", ["profile", "configs/profile_tiny.yaml", f"checkpoint={base}", f"run_dir={run}",
-                                  f"envs={envs}", "difficulties=[1,2,3,4]", "loop_counts=[1,2,3,4]",
-                                  "seeds_per_difficulty=8", "max_tokens=24"])
-    out = {}
-    for name, alpha in (("rl_curriculum", 0.3), ("rl_uniform_k", 0.0)):
-        cli(f"seed {seed}: {name}", ["rl", "configs/rl_tiny.yaml", f"model_path={base}", f"run.output_dir={run / name}",
-                                     f"curriculum.profile_table={table}", f"curriculum.alpha={alpha}",
-                                     f"envs.names={envs}", "envs.difficulties=[1,2,3,4]", "rollout.max_new_tokens=24",
-                                     f"run.total_steps={rl_steps}", f"run.seed={seed}"])
-        final = Path(json.loads((run / name / "summary.json").read_text())["final_checkpoint"])
-        out[name] = evaluate(final, run / name, tasks, dis)
-    cont = sft(run / "sft_continued", seed, rl_steps, [f"model.init_from={base}"], f"seed {seed}: continued SFT")
-    out["sft_continued"] = evaluate(cont, run / "sft_continued", tasks, dis)
-    return out
+    def evaluate(self, ckpt: Path, out: Path) -> dict[int, list[dict]]:
+        """{difficulty: rows} of `elr-rl eval` at each difficulty."""
+        res = {}
+        for d in self.difficulties:
+            path = out / f"eval_d{d}.json"
+            self.run(f"eval {out.name} D={d}", ["eval", str(ckpt), "--envs", ",".join(ENVS), "--k",
+                                                ",".join(map(str, KS)), "--difficulty", str(d), "-n",
+                                                str(self.tasks), "--max-new-tokens", "24", "--json", str(path)],
+                     out / f"eval_d{d}.log")
+            res[d] = json.loads(path.read_text())
+        return res
+
+    def rl_stages(self, base: Path, rl_steps: int, sft_steps_per_rl_step: int) -> dict[str, dict]:
+        """profile, then GRPO (curriculum alpha 0.3 and uniform k) and continued SFT, each from `base`."""
+        table = self.root / "profile"
+        envs = "[" + ",".join(ENVS) + "]"
+        self.run("profile", ["profile", "configs/profile_tiny.yaml", f"checkpoint={base}", f"run_dir={self.root}",
+                             f"envs={envs}", "difficulties=[1,2,3,4]", "loop_counts=[1,2,3,4]",
+                             "seeds_per_difficulty=8", "max_tokens=24"], self.root / "profile.log")
+        out = {}
+        for name, alpha in (("rl_curriculum", 0.3), ("rl_uniform_k", 0.0)):
+            run = self.root / name
+            self.run(name, ["rl", "configs/rl_tiny.yaml", f"model_path={base}", f"run.output_dir={run}",
+                            f"curriculum.profile_table={table}", f"curriculum.alpha={alpha}", f"envs.names={envs}",
+                            "envs.difficulties=[1,2,3,4]", "rollout.max_new_tokens=24", f"run.total_steps={rl_steps}",
+                            f"run.seed={self.seed}"], run / "rl.log")
+            final = Path(json.loads((run / "summary.json").read_text())["final_checkpoint"])
+            out[name] = self.evaluate(final, run)
+        cont = self.sft("sft_continued", rl_steps * sft_steps_per_rl_step, [f"model.init_from={base}"],
+                        "continued SFT")
+        out["sft_continued"] = self.evaluate(cont, self.root / "sft_continued")
+        return out
+
+    def pipeline(self, steps: int, rl: bool, rl_steps: int) -> dict[str, dict]:
+        loopwise = self.sft("loopwise", steps, [], "SFT with loop-wise per-step targets")
+        final_only = self.sft("final_only", steps, FINAL_ONLY, "SFT baseline, final answer only, uniform k")
+        results = {"loopwise": self.evaluate(loopwise, self.root / "loopwise"),
+                   "final_only": self.evaluate(final_only, self.root / "final_only")}
+        if rl:
+            results.update(self.rl_stages(loopwise, rl_steps, 1))
+        return results
 
 
 def cell(rows: list[dict], env: str, k: int, key: str = "pass_at_1") -> float:
@@ -114,23 +155,22 @@ def main(argv: list[str]) -> int:
     p.add_argument("--difficulties", default="1,2,4", help="task difficulties (serial steps) evaluated")
     p.add_argument("--rl", action="store_true", help="also profile -> RL (alpha 0.3 and 0) and continued SFT")
     p.add_argument("--rl-steps", type=int, default=30)
+    p.add_argument("--jobs", type=int, default=2,
+                   help="seeds run side by side, each command on one thread when > 1 (a tiny model gains "
+                        "more from a core of its own than from two threads)")
     args = p.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.jobs < 1 or args.steps < 1 or args.tasks < 1:
+        raise SystemExit("depth_demo: --jobs, --steps and --tasks must be >= 1")
     run = Path(args.run)
     t0 = time.perf_counter()
-    results: dict[int, dict[str, dict]] = {}
-    dis = [int(d) for d in args.difficulties.split(",")]
-    for seed in (int(s) for s in args.seeds.split(",")):
-        base = run / f"seed{seed}"
-        loopwise = sft(base / "loopwise", seed, args.steps, [], f"seed {seed}: SFT with loop-wise per-step targets")
-        final_only = sft(base / "final_only", seed, args.steps,
-                         ["loop_aux.weight=0", "loops.mode=independent", "loops.force_one_fraction=0"],
-                         f"seed {seed}: SFT baseline, final answer only, uniform k")
-        results[seed] = {"loopwise": evaluate(loopwise, base / "loopwise", args.tasks, dis),
-                         "final_only": evaluate(final_only, base / "final_only", args.tasks, dis)}
-        if args.rl:
-            results[seed].update(rl_stages(base, seed, loopwise, args.rl_steps, args.tasks, dis))
+    runs = [SeedRun(run / f"seed{s}", s, args.tasks, [int(d) for d in args.difficulties.split(",")],
+                    1 if args.jobs > 1 else None) for s in seeds]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(r.pipeline, args.steps, args.rl, args.rl_steps) for r in runs]
+        results = {s: f.result() for s, f in zip(seeds, futures)}
     seconds = time.perf_counter() - t0
-    met = report(results, seconds, dis)
+    met = report(results, seconds, runs[0].difficulties)
     (run / "summary.json").write_text(json.dumps({"seconds": seconds, "goal_met_envs": met,
                                                   "results": {str(s): r for s, r in results.items()}}, indent=1))
     return 0

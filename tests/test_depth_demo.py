@@ -31,3 +31,14 @@ def test_one_seed_never_meets_the_goal(capsys):
     met = report({0: {"loopwise": {2: _rows(deep)}}}, 1.0, [2])
     assert len(met["loopwise"][2]) == 4
     assert "NOT MET" in capsys.readouterr().out
+
+
+def test_a_failing_stage_stops_the_demo_with_its_log_tail(tmp_path):
+    import pytest
+
+    from elr_rl.depth_demo import cli
+
+    log = tmp_path / "stage.log"
+    with pytest.raises(RuntimeError, match="is not a checkpoint folder"):
+        cli("eval of a missing checkpoint", ["eval", str(tmp_path / "missing")], log, threads=1)
+    assert "is not a checkpoint folder" in log.read_text()

@@ -1,6 +1,6 @@
 """ladder_automaton: run a token on a 5-position ring through D moves.
 
-    "at 2 do RFLLF? Answer in <answer></answer>."  ->  <answer>1</answer>
+    "at 2 do RFLLF?"  ->  <answer>1</answer>
 
 Moves: R (p+1 mod 5), L (p-1 mod 5), F (4-p: a reflection). Rotations and reflections do
 not commute (the dihedral group of order 10), so the moves cannot be summed up in any

@@ -2,7 +2,8 @@
 
 Every ladder task needs D steps that each depend on the previous one (a hop, a
 dereference, a move, an operation), so a looped model can only answer it when its
-loops carry out the chain. Prompts are tens of bytes, the answer is one symbol
+loops carry out the chain. Prompts are tens of bytes (no instruction text: at this
+scale it would be most of the prompt; SFT teaches the format), the answer is one symbol
 between answer tags, and every task records the answer after each step
 (`Task.hidden["steps"]`, the last one being the answer), which the training
 stages can use as per-loop targets (`TrainConfig.loop_aux`).
@@ -13,8 +14,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 from environments.base import Environment, Score, Task, extract_answer
-
-TAG = "Answer in <answer></answer>."  # a short instruction keeps prompts compact
 
 
 class LadderEnvironment(Environment):
@@ -29,7 +28,7 @@ class LadderEnvironment(Environment):
     def make_task(self, seed: int, difficulty: int, prompt: str, steps: list[str], **stats: float) -> Task:
         if len(steps) != difficulty:
             raise AssertionError(f"{self.name}: {len(steps)} step targets for difficulty {difficulty}")
-        return Task(self.name, seed, difficulty, f"{prompt} {TAG}", steps[-1], hidden={"steps": list(steps)},
+        return Task(self.name, seed, difficulty, prompt, steps[-1], hidden={"steps": list(steps)},
                     stats={"serial_steps": float(difficulty), **stats})
 
     def step_targets(self, task: Task) -> list[str]:

@@ -1,6 +1,6 @@
 """ladder_binding: resolve a chain of variable bindings to its digit.
 
-    "b=a d=7 c=b a=4 e=d f=e c? Answer in <answer></answer>."  ->  <answer>4</answer>
+    "b=a d=7 c=b a=4 e=d f=e c?"  ->  <answer>4</answer>
 
 The queried variable is bound to another variable D-1 times before a digit; a distractor
 chain of the same length ends in another digit. Step s resolves one binding (the variable

@@ -1,6 +1,6 @@
 """ladder_nested: a nested expression of one-digit numbers, evaluated mod 10 from the inside out.
 
-    "(((3+4)*2)-5)%10? Answer in <answer></answer>."  ->  <answer>9</answer>
+    "(((3+4)*2)-5)%10?"  ->  <answer>9</answer>
 
 D operations nest D levels deep; step s is the innermost s levels' value mod 10.
 """

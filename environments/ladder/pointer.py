@@ -1,6 +1,6 @@
 """ladder_pointer: follow a successor map for D hops ("list tail" with a fixed hop count).
 
-    "g>c a>h c>e h>g e>a ... from a 3 hops? Answer in <answer></answer>."  ->  <answer>e</answer>
+    "g>c a>h c>e h>g e>a ... from a 3 hops?"  ->  <answer>e</answer>
 
 The nodes form one cycle in a shuffled order, so each hop needs the previous one's result.
 """
@@ -18,7 +18,7 @@ NODES = "abcdefghijklmnopqrstuvwxyz"
 class LadderPointer(LadderEnvironment):
     name = "ladder_pointer"
     alphabet = NODES
-    n_nodes = 10
+    n_nodes = 8
 
     def _generate(self, rng: random.Random, seed: int, difficulty: int) -> Task:
         nodes = rng.sample(NODES, self.n_nodes)
