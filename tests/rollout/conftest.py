@@ -42,6 +42,6 @@ def engine_factory():
 
     def build(path, k, mode, **opts):
         return RolloutEngine(path, k=k, cache_mode=mode, dtype="float32", seed=0,
-                             options=EngineOptions(max_model_len=128, max_num_seqs=8, **opts))
+                             options=EngineOptions(**{"max_model_len": 128, "max_num_seqs": 8, **opts}))
 
     return build

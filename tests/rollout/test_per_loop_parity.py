@@ -16,7 +16,7 @@ def served(tmp_path_factory, engine_factory):
     """One engine for the module, and the PyTorch model holding the weights it should serve."""
     path = tmp_path_factory.mktemp("elr_per_loop")
     model = save_random(elr_config(kv_cache_mode="per_loop"), path, seed=1)
-    engine = engine_factory(path, k=1, mode="per_loop")
+    engine = engine_factory(path, k=1, mode="per_loop", max_model_len=384)  # room for full prefix-cache blocks
     yield {"engine": engine, "model": model}
     engine.shutdown()
 
@@ -88,3 +88,23 @@ def test_stop_tokens_end_completions(served):
     groups = engine.generate(PROMPTS[:1], n=3, max_tokens=12, temperature=1.0, stop_token_ids=list(range(260)))
     for c in groups[0].completions:  # every token is a stop token: one token, then "stop"
         assert c.finish_reason == "stop" and len(c.token_ids) == len(c.logprobs) == 1
+
+
+def test_cached_prefixes_never_cross_a_loop_count_or_a_weight_update(served):
+    """Rollouts ask for no prompt logprobs, so vLLM serves their prompts from its prefix cache. A prefix
+    cached at k=1 holds no KV for loops 2..4, and one cached under old weights is stale: neither may be
+    reused (both gave logprobs off by up to 0.26 nats before the engine dropped its cache)."""
+    engine, prompt = served["engine"], [PROMPTS[0] * 8]  # 296 tokens: full cache blocks (vLLM-CPU's are 128)
+
+    def gap(k):
+        groups = engine.generate(prompt, n=2, max_tokens=8, temperature=1.0)
+        return sampled_vs_teacher_forced(served["model"], groups, k)[1]
+
+    engine.set_k(1)
+    assert gap(1) <= TOL  # fills the cache at k=1
+    engine.set_k(4)
+    assert gap(4) <= TOL, "a prefix cached at k=1 was served at k=4"
+    new_model = randomize_(type(served["model"])(served["model"].config), seed=11)
+    engine.update_weights(new_model.state_dict())
+    served["model"] = new_model
+    assert gap(4) <= TOL, "a prefix cached under the old weights was served after the update"
