@@ -41,6 +41,7 @@ def profile_with_engines(cfg: ProfileConfig, ks: list[int], factory: Any = None,
     factory = factory or rollout_engine_factory
     envs = load_envs(cfg.envs)  # unknown names and bad difficulties fail here, before any engine starts
     check_profilable(envs, cfg.difficulties)
+    cfg.sandbox.require_for(envs.values())  # a sandbox that cannot run stops the job here, not per sample
     codec = TextCodec.load(cfg.checkpoint, cfg.chat)  # tokenizer and chat template, before any engine
     done = ProfileStore(cfg.run_dir, cfg.name).finished()
     if not plan_chunks(profile_pool(cfg), ks, done, cfg.chunk_prompts):
@@ -51,11 +52,11 @@ def profile_with_engines(cfg: ProfileConfig, ks: list[int], factory: Any = None,
             runner, shutdown = ray_runner(cfg, factory)
             closers.append(shutdown)
         else:
-            score, close_scorer = make_scorer(cfg, envs)
+            score, episode, close_scorer = make_scorer(cfg, envs)
             closers.append(close_scorer)
             generate, shutdown = factory(cfg)
             closers.append(shutdown)
-            runner = local_runner(generate, envs, cfg.samples_per_prompt, codec, score, max_context(cfg))
+            runner = local_runner(generate, envs, cfg.samples_per_prompt, codec, score, max_context(cfg), episode)
         return run_profile(cfg, ks, runner, progress=progress)
     finally:
         for close in reversed(closers):
@@ -89,10 +90,12 @@ def main(argv: list[str]) -> int:
         print(f"elr-rl profile: {exc}", file=sys.stderr)
         return 2
     save_config(cfg, store.dir / f"{cfg.name}.config.yaml")
+    from environments.sandbox_tier import SandboxUnavailable
+
     try:
         rows = profile_with_engines(cfg, list(ks), progress=not args.no_progress)
-    except ValueError as exc:  # unknown environment, difficulty out of range, settings that refuse to resume
-        print(f"elr-rl profile: {exc}", file=sys.stderr)
+    except (ValueError, SandboxUnavailable) as exc:  # unknown environment, difficulty out of range, no sandbox,
+        print(f"elr-rl profile: {exc}", file=sys.stderr)  # settings that refuse to resume
         return 2
     print(summarize(rows))
     print(f"\n{len(rows)} rows -> {store.table_path}")

@@ -12,10 +12,12 @@ from typing import Any, Callable, Iterator
 from curriculum.profile import (
     ChunkRunner,
     Completion,
+    EpisodeFn,
     GenerateFn,
     ProfileConfig,
     ScoreFn,
     env_scorer,
+    local_episode,
     run_chunk,
 )
 from curriculum.routing import Prompt
@@ -41,10 +43,11 @@ def check_profilable(envs: dict[str, Any], difficulties: list[int]) -> None:
             env.check_difficulty(d)
 
 
-def make_scorer(cfg: ProfileConfig, envs: dict[str, Any]) -> tuple[ScoreFn, Callable[[], None]]:
-    """In-process scoring (scoring_workers=0) or a ScoringPool whose timeouts are enforced."""
+def make_scorer(cfg: ProfileConfig, envs: dict[str, Any]) -> tuple[ScoreFn, EpisodeFn, Callable[[], None]]:
+    """Scoring and multi-turn episodes in process (scoring_workers=0), or in a ScoringPool whose
+    timeouts are enforced: (score, episode, close)."""
     if cfg.scoring_workers <= 0:
-        return env_scorer(envs), lambda: None
+        return env_scorer(envs), local_episode(envs), lambda: None
     from environments.pool import ScoringPool
 
     pool = ScoringPool(num_workers=cfg.scoring_workers)
@@ -52,7 +55,7 @@ def make_scorer(cfg: ProfileConfig, envs: dict[str, Any]) -> tuple[ScoreFn, Call
     def score(tasks: list[Any], texts: list[str]) -> list[Any]:
         return pool.score_many([(t.env, t, text) for t, text in zip(tasks, texts)])
 
-    return score, pool.close
+    return score, lambda task: pool.episode(task.env, task), pool.close
 
 
 def max_context(cfg: ProfileConfig) -> int:
@@ -62,14 +65,14 @@ def max_context(cfg: ProfileConfig) -> int:
 
 def local_runner(
     generate: GenerateFn, envs: dict[str, Any], n: int, codec: TextCodec, score: ScoreFn | None = None,
-    context: int | None = None,
+    context: int | None = None, episode: EpisodeFn | None = None,
 ) -> ChunkRunner:
     """Run chunks one after another with one generate function in this process."""
     score = score or env_scorer(envs)
 
     def run(chunks: list[tuple[int, list[Prompt]]]) -> Iterator[tuple[list[dict], list[dict]]]:
         for k, prompts in chunks:
-            yield run_chunk(generate, score, envs, prompts, k, n, codec, context)
+            yield run_chunk(generate, score, envs, prompts, k, n, codec, context, episode)
 
     return run
 
@@ -79,14 +82,15 @@ class ProfileWorker:
 
     def __init__(self, cfg: ProfileConfig, factory: GenerateFactory) -> None:
         self.envs = load_envs(cfg.envs)
-        self.score, self._close_scorer = make_scorer(cfg, self.envs)
+        self.score, self.episode, self._close_scorer = make_scorer(cfg, self.envs)
         self.generate, self._close = factory(cfg)
         self.n = cfg.samples_per_prompt
         self.context = max_context(cfg)
         self.codec = TextCodec.load(cfg.checkpoint, cfg.chat)
 
     def run(self, k: int, prompts: list[Prompt]) -> tuple[list[dict], list[dict]]:
-        return run_chunk(self.generate, self.score, self.envs, prompts, k, self.n, self.codec, self.context)
+        return run_chunk(self.generate, self.score, self.envs, prompts, k, self.n, self.codec, self.context,
+                         self.episode)
 
     def close(self) -> None:
         self._close()

@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 from curriculum.passrates import PROFILE_COLUMNS, read_parquet
 from curriculum.routing import Prompt
 from elr_rl.text import ChatOptions, TextCodec
+from environments.sandbox_tier import SandboxConfig
 
 
 @dataclass
@@ -90,6 +91,8 @@ class ProfileConfig:
     """Engine settings."""
     chat: ChatOptions = field(default_factory=ChatOptions)
     """How prompts are rendered with the checkpoint's chat template (system prompt, thinking switch)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Sandbox of model-written code (environments that run it): the tier, checked before any engine starts."""
 
     def validate(self) -> None:
         if not self.checkpoint:
@@ -131,6 +134,8 @@ class GenerateFn(Protocol):
 
 # (tasks, completion texts) -> Scores, pairwise. Default: each environment's own `score`.
 ScoreFn = Callable[[list[Any], list[str]], list[Any]]
+# task -> a multi-turn episode's environment side (step / finish), e.g. ScoringPool.episode.
+EpisodeFn = Callable[[Any], Any]
 
 
 @dataclass
@@ -178,9 +183,10 @@ def run_chunk(
     n: int,
     codec: TextCodec,
     max_context: int | None = None,
+    episode: EpisodeFn | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Sample n completions per prompt at loop count k (whole episodes for multi-turn
-    environments), score them, count them. Prompts are rendered with the checkpoint's chat
+    environments, their turns answered by `episode(task)` sessions: in process by default), score them, count them. Prompts are rendered with the checkpoint's chat
     template and completions decoded by `codec` (elr_rl.text).
 
     max_context: longest context a later turn of an episode may be sampled from
@@ -198,9 +204,11 @@ def run_chunk(
     flat = iter(texts)
     for i in single:
         groups[i] = [Sampled(next(flat), len(c.token_ids), next(scores)) for c in first[i]]
+    episode = episode or local_episode(envs)
     for i, task in enumerate(tasks):
         if envs[task.env].multi_turn:
-            groups[i] = run_episodes(generate, codec, envs[task.env], task, contexts[i], first[i], k, max_context)
+            sessions = [episode(task) for _ in first[i]]
+            groups[i] = run_episodes(generate, codec, envs[task.env], sessions, contexts[i], first[i], k, max_context)
     return count_chunk(prompts, k, groups)
 
 
@@ -208,13 +216,14 @@ def run_episodes(
     generate: GenerateFn,
     codec: TextCodec,
     env: Any,
-    task: Any,
+    sessions: list[Any],
     prompt_ids: list[int],
     first: list[Completion],
     k: int,
     max_context: int | None = None,
 ) -> list[Sampled]:
-    """Play each first turn's episode on (elr_rl.rollout.episodes, the RL workers' implementation).
+    """Play each first turn's episode, one session each (elr_rl.rollout.episodes, the RL workers'
+    implementation; sessions of the scoring pool, or in process).
 
     The sample's text joins the model turns with the environments' turn separator, so
     `env.score(task, text)` replays the same episode.
@@ -222,9 +231,16 @@ def run_episodes(
     from elr_rl.rollout.episodes import play_episodes
     from environments.base import TURN_SEPARATOR
 
-    episodes = play_episodes(lambda ctxs: [g[0] for g in generate(ctxs, k, 1)], codec, env, task, prompt_ids,
-                             first, max_context)
+    episodes = play_episodes(lambda ctxs: [g[0] for g in generate(ctxs, k, 1)], codec, sessions, env.max_turns,
+                             prompt_ids, first, max_context)
     return [Sampled(TURN_SEPARATOR.join(ep.turns), ep.model_tokens, ep.score) for ep in episodes]
+
+
+def local_episode(envs: dict[str, Any]) -> EpisodeFn:
+    """Episodes stepped in this process (environments.pool.LocalEpisode)."""
+    from environments.pool import LocalEpisode
+
+    return lambda task: LocalEpisode(envs[task.env], task)
 
 
 def env_scorer(envs: dict[str, Any]) -> ScoreFn:

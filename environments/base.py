@@ -99,6 +99,8 @@ class Environment(abc.ABC):
     name: ClassVar[str]
     domain: ClassVar[str]
     multi_turn: ClassVar[bool] = False
+    # Whether scoring runs model output in the sandbox (commands then check its tier before any engine starts).
+    sandboxed: ClassVar[bool] = False
     min_difficulty: ClassVar[int] = 1
     max_difficulty: ClassVar[int] = 10
     # How many scoring jobs of this environment may run at once in the pool.
@@ -150,6 +152,7 @@ class StepResult:
 
     observation: str  # text appended after the model's turn (tool result, shell output)
     done: bool
+    error: str | None = None  # set by the scoring pool when the step raised or timed out: the episode ends, reward 0
 
 
 class MultiTurnEnvironment(Environment):

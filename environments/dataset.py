@@ -395,5 +395,6 @@ def dataset_class(spec: DatasetSpec) -> type[DatasetEnvironment]:
     return type(f"Dataset[{spec.name}]", (DatasetEnvironment,), {
         "name": spec.name, "spec": spec, "score_timeout_s": float(spec.score_timeout_s),
         "max_concurrency": int(spec.max_concurrency), "min_difficulty": 1, "max_difficulty": 10**6,
+        "sandboxed": spec.verifier == "code_tests",  # the answer is a program run against the tests
         "__module__": __name__,
     })

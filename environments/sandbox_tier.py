@@ -85,6 +85,21 @@ class SandboxConfig:
         configure(self.tier, self.allow_weaker_tier)
         return detect_tier()
 
+    def require_for(self, envs) -> str | None:
+        """`apply()` when any of `envs` (environment instances or classes) runs model output in the sandbox,
+        so that a command stops before any engine starts if the tier cannot run; else None."""
+        if not any(getattr(e, "sandboxed", False) for e in envs):
+            return None
+        tier = self.apply()
+        log.warning("sandbox tier: %s (configured %s, allow_weaker_tier=%s)", tier, self.tier, self.allow_weaker_tier)
+        return tier
+
+
+# What fixes a process's sandbox (tier, folder, cgroups, user): actors started elsewhere (a remote Ray node)
+# get them in their runtime env, so every process of a run sandboxes the same way.
+SANDBOX_ENV_VARS = ("ELR_SANDBOX_TIER", "ELR_SANDBOX_ALLOW_WEAKER_TIER", "ELR_SANDBOX_DIR", "ELR_SANDBOX_CGROUP",
+                    "ELR_SANDBOX_UID")
+
 
 def configure(tier: str, allow_weaker_tier: bool) -> None:
     """Set the tier for this process and the workers it starts (they inherit the environment)."""

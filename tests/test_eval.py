@@ -50,3 +50,50 @@ def test_eval_reports_pass_at_1_per_k_as_table_and_json(toy_checkpoint, tmp_path
 def test_eval_rejects_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
     assert eval_main([str(tmp_path)]) == 2
     assert "not a checkpoint folder" in capsys.readouterr().out
+
+
+def test_eval_plays_multi_turn_environments_as_episodes():
+    """A scripted policy that needs several turns scores 1 only if eval plays the episode turn by turn
+    (scoring its first turn alone gives 0). A stand-in engine: the unit here is eval's episode loop."""
+    from dataclasses import dataclass
+
+    from elr_rl.eval.evaluate import EvalConfig, _run
+    from elr_rl.text import TextCodec
+    from environments.pool import ScoringPool
+    from environments.registry import get_env
+
+    codec = TextCodec.byte_level()
+    env = get_env("interactive_deduction")
+    stop = codec.stop_token_ids[0]
+    scripts, tasks = {}, []  # prompt -> the turns that solve its task: three tasks of distinct prompts
+    for t in (env.generate(s, 1) for s in range(100)):
+        key = tuple(codec.prompt_ids(t.prompt))
+        if key not in scripts and len(env.reference_turns(t)) > 1 and len(tasks) < 3:
+            scripts[key] = env.reference_turns(t)
+            tasks.append(t)
+
+    @dataclass
+    class Completion:
+        token_ids: list
+        finish_reason: str = "stop"
+
+    @dataclass
+    class Out:
+        completions: list
+
+    class Engine:
+        def generate(self, contexts, n, max_tokens, temperature, stop_token_ids):
+            outs = []
+            for ctx in contexts:
+                prompt = next(p for p in scripts if tuple(ctx[: len(p)]) == p)
+                turn = scripts[prompt][ctx.count(stop)]  # each model turn so far ended in the stop id
+                outs.append(Out([Completion(codec.encode_text(turn) + [stop]) for _ in range(n)]))
+            return outs
+
+    with ScoringPool(1) as pool:
+        got = _run(Engine(), pool, codec, EvalConfig(max_model_len=4096), env, tasks, n=2, temperature=1.0)
+        first_turn_only = pool.score_many([(env.name, t, scripts[tuple(codec.prompt_ids(t.prompt))][0]) for t in tasks])
+    assert [s.reward for s, _ in got] == [1.0] * 6
+    assert all(tokens > len(codec.encode_text(scripts[tuple(codec.prompt_ids(t.prompt))][0])) + 1
+               for t, (_, tokens) in zip([t for t in tasks for _ in range(2)], got))  # every turn's tokens
+    assert all(s.reward == 0.0 for s in first_turn_only)

@@ -21,10 +21,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass@1")
     p.add_argument("--system-prompt", help="a system message before every prompt (chat template)")
     p.add_argument("--thinking", choices=["on", "off"], help="thinking switch of templates that have one")
+    p.add_argument("--sandbox-tier", default="bwrap", choices=["bwrap", "unshare", "rlimit"],
+                   help="sandbox tier for environments that run model-written code (checked before the engine starts)")
+    p.add_argument("--allow-weaker-tier", action="store_true",
+                   help="accept a weaker sandbox tier when --sandbox-tier cannot run here (printed)")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     from elr_rl.eval.evaluate import EvalConfig, evaluate, format_table
     from elr_rl.text import ChatOptions
+    from environments.sandbox_tier import SandboxConfig, SandboxUnavailable
 
     if not (Path(args.checkpoint) / "config.json").is_file():
         print(f"elr-rl eval: {args.checkpoint!r} is not a checkpoint folder (no config.json)")
@@ -36,9 +41,10 @@ def main(argv: list[str]) -> int:
         cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], ks=[int(k) for k in args.k.split(",")],
                          difficulty=args.difficulty, num_tasks=args.num_tasks, seed_offset=args.seed_offset,
                          max_new_tokens=args.max_new_tokens, samples=args.samples, temperature=args.temperature,
-                         chat=ChatOptions(args.system_prompt, None if args.thinking is None else args.thinking == "on"))
+                         chat=ChatOptions(args.system_prompt, None if args.thinking is None else args.thinking == "on"),
+                         sandbox=SandboxConfig(args.sandbox_tier, args.allow_weaker_tier))
         rows = evaluate(args.checkpoint, cfg)
-    except ValueError as exc:
+    except (ValueError, SandboxUnavailable) as exc:
         print(f"elr-rl eval: {exc}")
         return 2
     print(format_table(rows, f"held-out pass@1 of {args.checkpoint}"))

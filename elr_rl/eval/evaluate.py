@@ -14,6 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from elr_rl.text import ChatOptions, TextCodec
+from environments.sandbox_tier import SandboxConfig
 
 
 @dataclass
@@ -43,6 +44,8 @@ class EvalConfig:
     """Sampling seed of the engine."""
     chat: ChatOptions = field(default_factory=ChatOptions)
     """How prompts are rendered with the checkpoint's chat template (system prompt, thinking switch)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Sandbox of model-written code (environments that run it): the tier, checked before the engine starts."""
 
     def validate(self) -> None:
         if not self.envs:
@@ -68,15 +71,16 @@ def held_out_tasks(cfg: EvalConfig) -> dict[str, list]:
 
 def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[dict[str, Any]]:
     """One row per (env, k): pass@1 (greedy), mean reward, mean response tokens, tasks, and with
-    cfg.samples the sampled pass@1 (`pass_at_1_sampled`)."""
+    cfg.samples the sampled pass@1 (`pass_at_1_sampled`). Multi-turn environments are played as
+    episodes (the RL workers' implementation), their turns answered by the scoring pool."""
     from elr_rl.rollout.engine import EngineOptions, RolloutEngine
     from environments.pool import ScoringPool
     from environments.registry import get_env
 
     cfg.validate()
     codec = TextCodec.load(checkpoint, cfg.chat)  # before the engine: a missing tokenizer fails here
-    stop = codec.stop_token_ids
     tasks = held_out_tasks(cfg)
+    cfg.sandbox.require_for(get_env(e) for e in tasks)  # a sandbox that cannot run stops here, not per task
     engine = RolloutEngine(checkpoint, k=cfg.ks[0], cache_mode="per_loop", seed=cfg.seed,
                            options=EngineOptions(max_model_len=cfg.max_model_len, max_num_seqs=64))
     rows = []
@@ -85,28 +89,46 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
             for k in tqdm(cfg.ks, desc="eval k", disable=not progress):
                 engine.set_k(k)
                 for env_name, env_tasks in tasks.items():
-                    prompts = [codec.prompt_ids(t.prompt, system=t.system) for t in env_tasks]
-                    groups = engine.generate(prompts, n=1, max_tokens=cfg.max_new_tokens, temperature=0.0,
-                                             stop_token_ids=stop)
-                    comps = [g.completions[0] for g in groups]
-                    scores = pool.score_many([(env_name, t, codec.decode(c.token_ids)) for t, c in zip(env_tasks, comps)])
-                    n = len(scores)
+                    env = get_env(env_name)
+                    greedy = _run(engine, pool, codec, cfg, env, env_tasks, n=1, temperature=0.0)
+                    n = len(greedy)
                     row = {
                         "env": env_name, "k": k, "tasks": n,
-                        "pass_at_1": sum(s.accuracy for s in scores) / n,
-                        "reward": sum(s.reward for s in scores) / n,
-                        "response_tokens": sum(len(c.token_ids) for c in comps) / n,
+                        "pass_at_1": sum(s.accuracy for s, _ in greedy) / n,
+                        "reward": sum(s.reward for s, _ in greedy) / n,
+                        "response_tokens": sum(t for _, t in greedy) / n,
                     }
                     if cfg.samples:
-                        groups = engine.generate(prompts, n=cfg.samples, max_tokens=cfg.max_new_tokens,
-                                                 temperature=cfg.temperature, stop_token_ids=stop)
-                        sampled = pool.score_many([(env_name, t, codec.decode(c.token_ids))
-                                                   for t, g in zip(env_tasks, groups) for c in g.completions])
-                        row["pass_at_1_sampled"] = sum(s.accuracy for s in sampled) / len(sampled)
+                        sampled = _run(engine, pool, codec, cfg, env, env_tasks, n=cfg.samples,
+                                       temperature=cfg.temperature)
+                        row["pass_at_1_sampled"] = sum(s.accuracy for s, _ in sampled) / len(sampled)
                     rows.append(row)
     finally:
         engine.shutdown()
     return rows
+
+
+def _run(engine, pool, codec: TextCodec, cfg: EvalConfig, env, tasks: list, n: int, temperature: float) -> list:
+    """(Score, model tokens) of n completions per task, task by task; whole episodes for a multi-turn env."""
+    from elr_rl.rollout.episodes import play_episodes
+
+    def sample(contexts: list[list[int]], n: int) -> list[list]:
+        groups = engine.generate(contexts, n=n, max_tokens=cfg.max_new_tokens, temperature=temperature,
+                                 stop_token_ids=codec.stop_token_ids)
+        return [g.completions for g in groups]
+
+    prompts = [codec.prompt_ids(t.prompt, system=t.system) for t in tasks]
+    groups = sample(prompts, n)
+    if not env.multi_turn:
+        scores = pool.score_many([(env.name, t, codec.decode(c.token_ids)) for t, g in zip(tasks, groups) for c in g])
+        return list(zip(scores, [len(c.token_ids) for g in groups for c in g]))
+    out = []
+    room = cfg.max_model_len - cfg.max_new_tokens
+    for task, prompt, first in zip(tasks, prompts, groups):
+        episodes = play_episodes(lambda ctxs: [g[0] for g in sample(ctxs, 1)], codec,
+                                 [pool.episode(env.name, task) for _ in first], env.max_turns, prompt, first, room)
+        out += [(ep.score, ep.model_tokens) for ep in episodes]
+    return out
 
 
 def format_table(rows: list[dict[str, Any]], title: str = "") -> str:

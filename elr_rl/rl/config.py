@@ -45,6 +45,9 @@ class RolloutConfig:
     """GPUs reserved by each worker actor (1 on a CUDA cluster)."""
     prompts_per_request: int = 4
     """Prompts handed to a worker per generate call (smaller: finer-grained asynchrony)."""
+    episode_workers: int = 1
+    """Processes of each rollout worker's scoring pool for multi-turn environments: every episode's turns
+    and its final score run there, with the environment's timeout (started at the first multi-turn group)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each worker needs, to place workers on chosen nodes (e.g. {rollout_node: 0.01})."""
     chat: ChatOptions = field(default_factory=ChatOptions)

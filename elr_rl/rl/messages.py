@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from curriculum.routing import Assignment
+from environments.base import Task
 
 
 class FinishReason(StrEnum):
@@ -58,6 +59,8 @@ class Group:
     samples: list[Sample]
     version: int  # policy version the worker held when it generated this group
     worker_id: int = 0
+    task: Task | None = None  # the environment's task, built once by the worker (the driver scores against it)
+    scored: bool = False  # rewards already set (multi-turn episodes are scored as they are played)
 
     @property
     def k(self) -> int:

@@ -15,9 +15,11 @@ def actor_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
     import ray
 
     from environments.registry import SPECS_ENV
+    from environments.sandbox_tier import SANDBOX_ENV_VARS
 
     job_env = dict(ray.get_runtime_context().runtime_env or {})
-    if os.environ.get(SPECS_ENV):  # dataset environments of this run resolve by name in every actor
-        env_vars = {SPECS_ENV: os.environ[SPECS_ENV], **env_vars}
+    # dataset environments of this run resolve by name in every actor; its sandbox settings hold on every node
+    inherited = {name: os.environ[name] for name in (SPECS_ENV, *SANDBOX_ENV_VARS) if os.environ.get(name)}
+    env_vars = {**inherited, **env_vars}
     job_env["env_vars"] = {**job_env.get("env_vars", {}), **env_vars}
     return job_env

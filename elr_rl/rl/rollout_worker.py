@@ -6,7 +6,10 @@ completions per prompt, and tags every group with the policy version it holds.
 Prompts are rendered with the checkpoint's chat template and completions stop on
 its stop ids (`elr_rl.text.TextCodec`). Multi-turn episodes run token-in/token-out:
 environment turns are appended as template-rendered tokens (masked out of the loss),
-and the model's sampled ids are never re-tokenised from decoded text. A prompt too
+and the model's sampled ids are never re-tokenised from decoded text. Each turn is
+answered, and the finished episode scored, by the worker's own scoring pool
+(environments/pool.py: the environment's timeout, reward 0 when it fails), the
+path single-turn groups take in the driver. A prompt too
 long for the engine's context is not sent: its assignment comes back in `skipped`.
 
 The actor is threaded (`MAX_CONCURRENCY` calls at once) so that new weights
@@ -54,6 +57,7 @@ class RolloutWorker:
         self._pending: tuple[bytes, int] | None = None  # staged weights and their policy version
         self._pending_lock = threading.Lock()
         self._load_s = 0.0  # seconds spent loading weights since the last generate reply
+        self._episode_pool = None  # a ScoringPool for multi-turn episodes, started when the first one comes
 
     # ------------------------------------------------------------------ control
     def ping(self) -> int:
@@ -108,26 +112,58 @@ class RolloutWorker:
             self.set_k(k)
             return self.version, self.engine.prompt_logprobs(sequences)
 
-    def validate(self, prompts: list[tuple[str, str | None]], k: int, max_tokens: int) -> list[dict[str, Any]]:
-        """One greedy completion per (prompt text, system message) at loop count k, with the newest weights
-        (held-out validation, elr_rl/rl/validation.py): `[{"text", "tokens", "finish_reason"}]` in order."""
+    def validate(self, tasks: list, k: int, max_tokens: int) -> list[dict[str, Any]]:
+        """One greedy completion per task (all of one environment) at loop count k, with the newest weights
+        (held-out validation, elr_rl/rl/validation.py): `[{"text", "tokens", "finish_reason", "score"}]` in
+        order; "score" is set for a multi-turn environment, whose episodes are played and scored here."""
+        from environments.registry import get_env
+
+        env = get_env(tasks[0].env) if tasks else None
         with self._engine_lock:
             t0 = time.perf_counter()
             self._load_pending()
             self.set_k(k)
-            ids = [self.codec.prompt_ids(p, system=system) for p, system in prompts]
-            groups = self.engine.generate(ids, n=1, max_tokens=max_tokens, temperature=0.0,
-                                          stop_token_ids=list(self.codec.stop_token_ids))
+
+            def greedy(contexts: list[list[int]]) -> list:
+                groups = self.engine.generate(contexts, n=1, max_tokens=max_tokens, temperature=0.0,
+                                              stop_token_ids=list(self.codec.stop_token_ids))
+                return [g.completions[0] for g in groups]
+
+            ids = [self.codec.prompt_ids(t.prompt, system=t.system) for t in tasks]
+            outs = greedy(ids)
+            if env is not None and env.multi_turn:
+                out = [self._validate_episode(env, t, p, c, greedy) for t, p, c in zip(tasks, ids, outs)]
+            else:
+                out = [{"text": self.codec.decode(c.token_ids), "tokens": len(c.token_ids),
+                        "finish_reason": str(c.finish_reason), "score": None} for c in outs]
             self.busy_s += time.perf_counter() - t0
-        outs = [g.completions[0] for g in groups]
-        return [{"text": self.codec.decode(c.token_ids), "tokens": len(c.token_ids), "finish_reason": str(c.finish_reason)}
-                for c in outs]
+        return out
+
+    def _validate_episode(self, env, task, prompt: list[int], first, greedy) -> dict[str, Any]:
+        from elr_rl.rollout.episodes import play_episodes
+        from environments.base import TURN_SEPARATOR
+
+        room = self.cfg.max_model_len - self.cfg.max_new_tokens
+        (ep,) = play_episodes(greedy, self.codec, [self._episodes().episode(env.name, task)], env.max_turns, prompt,
+                              [first], max_context=room)
+        return {"text": TURN_SEPARATOR.join(ep.turns), "tokens": ep.model_tokens, "finish_reason": ep.finish_reason,
+                "score": ep.score}
+
+    def _episodes(self):
+        """This worker's scoring pool for multi-turn episodes (started on first use)."""
+        from environments.pool import ScoringPool
+
+        if self._episode_pool is None:
+            self._episode_pool = ScoringPool(self.cfg.episode_workers)
+        return self._episode_pool
 
     def shutdown(self) -> None:
         got = self._engine_lock.acquire(timeout=30)  # let a running request finish first
         try:
             self.engine.shutdown()
             self.weights_path.unlink(missing_ok=True)
+            if self._episode_pool is not None:
+                self._episode_pool.close()
         finally:
             if got:
                 self._engine_lock.release()
@@ -169,9 +205,9 @@ class RolloutWorker:
             outs = self._sample(prompts, n=self.cfg.group_size)
             for a, env, task, prompt, completions in zip(batch, envs, tasks, prompts, outs):
                 samples = [self._to_sample(prompt, c) for c in completions]
-                if env.multi_turn:
+                if env.multi_turn:  # played and scored here, turn by turn, in this worker's scoring pool
                     self._run_episodes(env, task, samples, completions)
-                groups.append(Group(a, samples, version, self.worker_id))
+                groups.append(Group(a, samples, version, self.worker_id, task=task, scored=env.multi_turn))
         return groups
 
     def _sample(self, prompts: list[list[int]], n: int):
@@ -192,14 +228,15 @@ class RolloutWorker:
         )
 
     def _run_episodes(self, env, task, samples: list[Sample], completions) -> None:
-        """Continue each sample's episode turn by turn (token in / token out), then score it."""
+        """Continue each sample's episode turn by turn (token in / token out), stepped and scored in
+        this worker's scoring pool (the environment's timeout; an error gives reward 0)."""
         from elr_rl.rollout.episodes import play_episodes
         from environments.base import TURN_SEPARATOR
-
         prompt = samples[0].prompt_ids
         room = self.cfg.max_model_len - self.cfg.max_new_tokens
-        episodes = play_episodes(lambda ctxs: [g[0] for g in self._sample(ctxs, n=1)], self.codec, env, task,
-                                 prompt, completions, max_context=room)
+        sessions = [self._episodes().episode(env.name, task) for _ in samples]
+        episodes = play_episodes(lambda ctxs: [g[0] for g in self._sample(ctxs, n=1)], self.codec, sessions,
+                                 env.max_turns, prompt, completions, max_context=room)
         for s, ep in zip(samples, episodes):
             s.response_ids, s.response_mask, s.rollout_logprobs = ep.response_ids, ep.response_mask, ep.logprobs
             s.finish_reason, s.text = FinishReason(ep.finish_reason), TURN_SEPARATOR.join(ep.turns)

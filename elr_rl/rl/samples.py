@@ -10,7 +10,7 @@ produced it), balanced across ranks by cost = tokens x D_eff(k).
 from __future__ import annotations
 
 import collections
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -50,7 +50,8 @@ class RolloutBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready (a checkpoint's run_state.json)."""
-        return {"groups": [asdict(g) for g in self.groups], "dropped_stale": self.dropped_stale}
+        # buffered groups are scored: their tasks are not kept (rebuilt from the assignment if ever needed)
+        return {"groups": [asdict(replace(g, task=None)) for g in self.groups], "dropped_stale": self.dropped_stale}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.groups = collections.deque(_group_from_json(g) for g in state["groups"])
@@ -59,7 +60,7 @@ class RolloutBuffer:
 
 def _group_from_json(d: dict[str, Any]) -> Group:
     samples = [Sample(**(s | {"finish_reason": FinishReason(s["finish_reason"])})) for s in d["samples"]]
-    return Group(Assignment(**d["assignment"]), samples, d["version"], d["worker_id"])
+    return Group(Assignment(**d["assignment"]), samples, d["version"], d["worker_id"], scored=d.get("scored", True))
 
 
 @dataclass

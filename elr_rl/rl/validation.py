@@ -3,7 +3,7 @@
 The set and the measure are those of `elr-rl eval` (elr_rl/eval/evaluate.py):
 tasks from `held_out_tasks` (seeds from `eval_seed_offset` on, outside the
 training pool), one greedy completion per task at each k, scored by the
-environment, pass@1 = the mean accuracy. Generation runs on rollout worker 0's
+environment (multi-turn ones as whole episodes), pass@1 = the mean accuracy. Generation runs on rollout worker 0's
 engine (`RolloutWorker.validate`) with the weights of the step being validated,
 so no second engine is started; scoring uses the driver's scoring pool.
 """
@@ -53,8 +53,10 @@ def run_validation(worker, scorer, cfg: EvalConfig, tasks: dict[str, list] | Non
     results = []
     for k in cfg.ks:
         for env_name, env_tasks in tasks.items():
-            reply = ray.get(worker.validate.remote([(t.prompt, t.system) for t in env_tasks], k, cfg.max_new_tokens))
-            scores = scorer.score_many([(env_name, t, c["text"]) for t, c in zip(env_tasks, reply)])
+            reply = ray.get(worker.validate.remote(env_tasks, k, cfg.max_new_tokens))
+            unscored = [(t, c) for t, c in zip(env_tasks, reply) if c["score"] is None]  # multi-turn: scored there
+            fresh = iter(scorer.score_many([(env_name, t, c["text"]) for t, c in unscored]))
+            scores = [c["score"] if c["score"] is not None else next(fresh) for c in reply]
             results.append({"env": env_name, "k": k, "accuracy": [bool(s.accuracy) for s in scores],
                             "tokens": [c["tokens"] for c in reply]})
     return validation_metrics(results)

@@ -11,6 +11,7 @@ longer fit the engine (`max_context`).
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -54,29 +55,43 @@ class Episode:
         self.logprobs += [0.0] * len(obs)
 
 
-def play_episodes(generate: GenerateTurns, codec: TextCodec, env: Any, task: Any, prompt_ids: list[int],
-                  first: Sequence[TurnCompletion], max_context: int | None = None) -> list[Episode]:
-    """Continue each first turn's episode until it ends, then score it with `env.score_episode`."""
+class EpisodeHandle(Protocol):
+    """One episode's environment side: `environments.pool.EpisodeSession` (stepped and scored in the
+    scoring pool, with its timeout and error rule) or `environments.pool.LocalEpisode` (in process)."""
+
+    def step(self, turn: str) -> Future: ...  # Future[StepResult]
+
+    def finish(self) -> Future: ...  # Future[Score]
+
+
+def play_episodes(generate: GenerateTurns, codec: TextCodec, sessions: Sequence[EpisodeHandle], max_turns: int,
+                  prompt_ids: list[int], first: Sequence[TurnCompletion], max_context: int | None = None) -> list[Episode]:
+    """Continue each first turn's episode (one session each) until it ends, then score it.
+
+    The environment answers every active episode's turn at once (the pool runs them side by
+    side); a step that failed ends its episode, whose reward is then 0 with the error."""
     episodes = [Episode([], [], []) for _ in first]
     for ep, c in zip(episodes, first):
         ep.add_model_turn(c, codec)
-    states = [env.reset(task) for _ in first]
     active = list(range(len(first)))
-    for turn in range(env.max_turns):
-        still = []
-        for i in active:
-            ep = episodes[i]
-            result = env.step(task, states[i], ep.turns[-1])  # untrusted turn: the environment parses it
-            if result.done or turn == env.max_turns - 1 or ep.finish_reason == "length":
-                continue
-            ep.add_observation(result.observation, codec)
-            if max_context is None or len(prompt_ids) + len(ep.response_ids) < max_context:
-                still.append(i)
-        if not still:
-            break
-        for i, c in zip(still, generate([prompt_ids + episodes[i].response_ids for i in still])):
-            episodes[i].add_model_turn(c, codec)
-        active = still
-    for ep, state in zip(episodes, states):
-        ep.score = env.score_episode(task, state)
+    try:
+        for turn in range(max_turns):
+            answers = {i: sessions[i].step(episodes[i].turns[-1]) for i in active}  # untrusted turns: parsed there
+            still = []
+            for i in active:
+                ep, result = episodes[i], answers[i].result()
+                if result.done or turn == max_turns - 1 or ep.finish_reason == "length":
+                    continue
+                ep.add_observation(result.observation, codec)
+                if max_context is None or len(prompt_ids) + len(ep.response_ids) < max_context:
+                    still.append(i)
+            if not still:
+                break
+            for i, c in zip(still, generate([prompt_ids + episodes[i].response_ids for i in still])):
+                episodes[i].add_model_turn(c, codec)
+            active = still
+    finally:  # every session is finished (its state released), also when generation failed
+        scores = [s.finish() for s in sessions]
+    for ep, score in zip(episodes, scores):
+        ep.score = score.result()
     return episodes

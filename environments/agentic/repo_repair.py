@@ -120,6 +120,7 @@ class _Episode:
 
 class RepoRepair(MultiTurnEnvironment):
     name: ClassVar[str] = "repo_repair"
+    sandboxed = True  # runs model-written code
     domain: ClassVar[str] = "terminal"
     max_turns: ClassVar[int] = 16
     max_concurrency: ClassVar[int] = 4

@@ -92,6 +92,7 @@ class _Episode:
 
 class ShellFsTasks(MultiTurnEnvironment):
     name: ClassVar[str] = "shell_fs_tasks"
+    sandboxed = True  # runs model-written code
     domain: ClassVar[str] = "terminal"
     max_turns: ClassVar[int] = 12
     max_concurrency: ClassVar[int] = 4

@@ -81,6 +81,7 @@ FUNC_NAMES = ["transform", "process", "pipeline", "apply_steps", "solve"]
 
 class CodeFunctionSynthesis(Environment):
     name: ClassVar[str] = "code_function_synthesis"
+    sandboxed = True  # runs model-written code
     domain: ClassVar[str] = "code"
     max_concurrency: ClassVar[int] = 4
     score_timeout_s: ClassVar[float] = 30.0

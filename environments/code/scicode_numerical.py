@@ -157,6 +157,7 @@ class _Episode:
 
 class SciCodeNumerical(MultiTurnEnvironment):
     name: ClassVar[str] = "scicode_numerical"
+    sandboxed = True  # runs model-written code
     domain: ClassVar[str] = "science code"
     max_turns: ClassVar[int] = 10
     max_concurrency: ClassVar[int] = 4

@@ -205,6 +205,7 @@ def normalise_output(text: str) -> str:
 
 class CodeStdioAlgorithms(Environment):
     name: ClassVar[str] = "code_stdio_algorithms"
+    sandboxed = True  # runs model-written code
     domain: ClassVar[str] = "code"
     max_concurrency: ClassVar[int] = 4
     score_timeout_s: ClassVar[float] = 30.0

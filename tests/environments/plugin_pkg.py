@@ -17,7 +17,7 @@ MODULE = "elr_rl_test_plugin"
 
 MODULE_SOURCE = '''
 import random, time
-from environments.base import Environment, Score, Task, extract_answer
+from environments.base import Environment, MultiTurnEnvironment, Score, StepResult, Task, extract_answer
 
 
 class _Base(Environment):
@@ -70,6 +70,45 @@ class PluginSleep(_Base):
         time.sleep(0.6)
         ok = extract_answer(completion) == task.answer
         return Score(1.0 if ok else 0.0, ok, {"start": start, "end": time.time()})
+
+
+class PluginTurns(MultiTurnEnvironment):
+    """Multi-turn: `<add>N</add>` turns must sum to the target, then `<answer>done</answer>`.
+    A turn "hang" busy-loops, "raise" raises: for the pool's episode sessions."""
+
+    name = "plugin_turns"
+    domain = "test"
+    max_turns = 4
+    score_timeout_s = 1.5
+
+    def _generate(self, rng, seed, difficulty):
+        target = rng.randint(2, 9)
+        return Task(self.name, seed, difficulty, f"Reach {target} with <add>N</add> turns.", str(target))
+
+    def reset(self, task):
+        return {"total": 0, "done": False}
+
+    def step(self, task, state, turn):
+        if turn == "hang":
+            while True:
+                pass
+        if turn == "raise":
+            raise RuntimeError("step bug")
+        if turn.startswith("<add>") and turn.endswith("</add>"):
+            state["total"] += int(turn[5:-6])
+            return StepResult(f"total {state['total']}", False)
+        state["done"] = True
+        return StepResult("ok", True)
+
+    def score_episode(self, task, state):
+        return Score.binary(state["done"] and str(state["total"]) == task.answer)
+
+    def reference_turns(self, task):
+        n = int(task.answer)
+        return [f"<add>{n - 1}</add>", "<add>1</add>", "<answer>done</answer>"]
+
+    def bad_answers(self, task):
+        return ["<answer>done</answer>"]
 '''
 
 PYPROJECT = f'''
@@ -89,6 +128,7 @@ plugin_add = "{MODULE}:PluginAdd"
 plugin_raise = "{MODULE}:PluginRaise"
 plugin_hang = "{MODULE}:PluginHang"
 plugin_sleep = "{MODULE}:PluginSleep"
+plugin_turns = "{MODULE}:PluginTurns"
 '''
 
 

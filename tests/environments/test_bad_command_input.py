@@ -126,3 +126,59 @@ def test_a_good_rl_config_gets_to_the_driver(ckpts, tmp_path, capsys, no_driver,
     with pytest.raises(AssertionError, match="driver started"):
         main([str(ROOT / "configs/rl_tiny.yaml"), f"model_path={ckpts[0]}", f"run.output_dir={tmp_path}"])
     assert "sandbox tier: " in capsys.readouterr().out
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch, tmp_path):
+    """bwrap (and unshare) missing from PATH, bwrap configured; no engine may start. Restored afterwards."""
+    import elr_rl.rollout.engine as engine
+    from environments.sandbox_tier import detect_tier
+
+    class Refused:
+        def __init__(self, *a, **k):
+            raise AssertionError("an engine started")
+
+    monkeypatch.setattr(engine, "RolloutEngine", Refused)
+    monkeypatch.setenv("ELR_SANDBOX_TIER", "bwrap")
+    monkeypatch.setenv("ELR_SANDBOX_ALLOW_WEAKER_TIER", "0")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    detect_tier.cache_clear()
+    yield
+    monkeypatch.undo()
+    detect_tier.cache_clear()
+
+
+def test_eval_and_profile_stop_before_any_engine_when_the_sandbox_cannot_run(ckpts, tmp_path, capsys, no_bwrap):
+    from curriculum.cli import main as profile_main
+    from elr_rl.eval.cli import main as eval_main
+
+    assert eval_main([str(ckpts[0]), "--envs", "code_function_synthesis", "--k", "1", "-n", "2"]) == 2
+    out = capsys.readouterr()
+    assert "sandbox tier 'bwrap' cannot run here" in out.out + out.err and "allow_weaker_tier" in out.out + out.err
+    code = profile_main([str(ROOT / "configs/profile_tiny.yaml"), f"checkpoint={ckpts[0]}", f"run_dir={tmp_path}",
+                         "envs=[shell_fs_tasks]", "loop_counts=[1]", "--no-progress"])
+    assert code == 2 and "sandbox tier 'bwrap' cannot run here" in capsys.readouterr().err
+    # environments that run no model code need no sandbox: these get as far as the engine
+    with pytest.raises(AssertionError, match="an engine started"):
+        eval_main([str(ckpts[0]), "--envs", "even_odd", "--k", "1", "-n", "2"])
+    # a weaker tier, when accepted, is stated and used
+    with pytest.raises(AssertionError, match="an engine started"):
+        eval_main([str(ckpts[0]), "--envs", "code_function_synthesis", "--k", "1", "-n", "2", "--allow-weaker-tier"])
+
+
+def test_actors_get_the_runs_sandbox_settings(monkeypatch):
+    """A rollout worker on another node sandboxes as the driver's processes do (tier, folder, cgroups)."""
+    import ray
+
+    from elr_rl.rl.ray_env import actor_runtime_env
+
+    class Context:
+        runtime_env = {"working_dir": "/job", "env_vars": {"A": "1"}}
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
+    monkeypatch.setenv("ELR_SANDBOX_TIER", "unshare")
+    monkeypatch.setenv("ELR_SANDBOX_DIR", "/srv/jobs")
+    env = actor_runtime_env({"OMP_NUM_THREADS": "1"})
+    assert env["working_dir"] == "/job"
+    assert env["env_vars"]["ELR_SANDBOX_TIER"] == "unshare" and env["env_vars"]["ELR_SANDBOX_DIR"] == "/srv/jobs"
+    assert env["env_vars"]["A"] == "1" and env["env_vars"]["OMP_NUM_THREADS"] == "1"

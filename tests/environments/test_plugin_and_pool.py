@@ -108,3 +108,74 @@ def test_submit_from_many_threads(pool):
     with ThreadPoolExecutor(4) as ex:
         futures = list(ex.map(lambda j: pool.submit(*j), jobs))
     assert all(f.result(timeout=30).reward == 1.0 for f in futures)
+
+
+def _play(session, turns):
+    results = [session.step(t).result(timeout=30) for t in turns]
+    return results, session.finish().result(timeout=30)
+
+
+def test_episodes_run_in_the_pool_with_its_timeout_and_error_rule(plugin):
+    """Multi-turn episodes take the scoring path of single-turn scores: a step that hangs or raises
+    ends its episode with reward 0; an episode whose worker was replaced meanwhile is rebuilt
+    (its turns replayed) and still scores right."""
+    env = registry.get_env("plugin_turns")
+    task = env.generate(0, 1)
+    good = env.reference_turns(task)
+    with ScoringPool(num_workers=1) as pool:  # one worker: every session lives in the same process
+        results, score = _play(pool.episode("plugin_turns", task), good)
+        assert [r.done for r in results] == [False, False, True] and score.reward == 1.0
+        assert results[0].observation == f"total {int(task.answer) - 1}"
+
+        survivor = pool.episode("plugin_turns", task)
+        assert survivor.step(good[0]).result(timeout=30).error is None  # its state is on the only worker
+        start = time.monotonic()
+        hung, hung_score = _play(pool.episode("plugin_turns", task), ["<add>1</add>", "hang", "<add>1</add>"])
+        assert time.monotonic() - start < 15
+        assert hung[0].error is None and "timed out" in hung[1].error and hung[1].done
+        assert hung_score.reward == 0.0 and "timed out" in hung_score.error
+        assert pool.restarts == 1
+        rest, survivor_score = _play(survivor, good[1:])  # rebuilt on the new worker by replaying its first turn
+        assert [r.error for r in rest] == [None, None] and survivor_score.reward == 1.0
+
+        raised, raised_score = _play(pool.episode("plugin_turns", task), ["raise"])
+        assert "RuntimeError: step bug" in raised[0].error and raised[0].done
+        assert raised_score.reward == 0.0 and "step bug" in raised_score.error
+        assert pool.restarts == 1  # a raising step does not cost a worker
+
+
+def test_play_episodes_through_pool_sessions_matches_in_process_play(plugin):
+    from dataclasses import dataclass
+
+    from elr_rl.rollout.episodes import play_episodes
+    from elr_rl.text import TextCodec
+    from environments.pool import LocalEpisode
+
+    codec = TextCodec.byte_level()
+    env = registry.get_env("plugin_turns")
+    task = env.generate(3, 1)
+    turns = env.reference_turns(task) + ["hang"]  # never reached: the episode ends at its answer
+    stop = codec.stop_token_ids[0]
+
+    @dataclass
+    class Turn:
+        token_ids: list
+        logprobs: list
+        finish_reason: str = "stop"
+
+    def turn(text):
+        ids = codec.encode_text(text) + [stop]
+        return Turn(ids, [-0.1] * len(ids))
+
+    def generate(contexts):
+        return [turn(turns[ctx.count(stop)]) for ctx in contexts]
+
+    prompt = codec.prompt_ids(task.prompt)
+    first = [turn(turns[0]), turn("raise")]
+    with ScoringPool(num_workers=2) as pool:
+        pooled = play_episodes(generate, codec, [pool.episode(env.name, task) for _ in first], env.max_turns,
+                               prompt, first)
+    local = play_episodes(generate, codec, [LocalEpisode(env, task)], env.max_turns, prompt, first[:1])
+    assert pooled[0].score.reward == local[0].score.reward == 1.0
+    assert pooled[0].response_ids == local[0].response_ids and pooled[0].turns == local[0].turns
+    assert pooled[1].score.reward == 0.0 and "step bug" in pooled[1].score.error and len(pooled[1].turns) == 1

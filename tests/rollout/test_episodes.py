@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elr_rl.rollout.episodes import play_episodes
+from environments.pool import LocalEpisode
 from elr_rl.text import TextCodec
 from environments.registry import get_env
 
@@ -39,7 +40,7 @@ def test_episode_transcript_is_exact_and_env_tokens_are_masked():
         return out
 
     first = Turn(turn_ids(turns[0]), [-0.25] * len(turn_ids(turns[0])))
-    (ep,) = play_episodes(generate, CODEC, env, task, prompt, [first])
+    (ep,) = play_episodes(generate, CODEC, [LocalEpisode(env, task)], env.max_turns, prompt, [first])
     assert ep.score.reward == 1.0 and len(ep.turns) == len(turns)
     # every model turn was generated from the exact token transcript so far (no re-tokenisation)
     for ctx in seen_contexts:
@@ -67,7 +68,8 @@ def test_episode_stops_when_the_context_is_full():
             calls.append(max(len(c) for c in contexts))
             return [Turn(guess, [0.0] * len(guess)) for _ in contexts]
 
-        (ep,) = play_episodes(generate, CODEC, env, task, prompt, [Turn(guess, [0.0] * len(guess))], max_context)
+        (ep,) = play_episodes(generate, CODEC, [LocalEpisode(env, task)], env.max_turns, prompt,
+                              [Turn(guess, [0.0] * len(guess))], max_context)
 
         return ep, calls
 
