@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from elr_rl.rl.messages import Group, StepResult
+from elr_rl.rl.messages import GenerateReply, Group, StepResult
 
 
 def _mean(xs: list[float]) -> float:
@@ -45,6 +46,44 @@ class BatchInfo:
     dropped_stale_new: int  # groups dropped as stale since the previous batch
     lr: float
     stats: dict[str, float]  # batch/* metrics of select_samples and learner_batches
+
+
+class StepWindow:
+    """Everything since the last metrics row (groups scored, prompts routed, parity checks, weight
+    loads, busy seconds of both sides) and the row built from it at the end of a learner step."""
+
+    def __init__(self) -> None:
+        self.t_run = self.t_row = time.perf_counter()
+        self.groups: list[Group] = []  # scored since the last row
+        self.routed: list[Any] = []  # curriculum assignments handed out since the last row
+        self.parity: list[float] = []  # finished trainer/rollout logprob checks
+        self.weight_loads: list[float] = []  # worker-side weight load seconds
+        self.rollout_busy_s = 0.0  # summed over workers: seconds spent in generate calls
+        self.learner_busy_s = 0.0
+
+    def add_reply(self, reply: GenerateReply) -> None:
+        self.rollout_busy_s += reply.busy_s
+        if reply.weight_load_s:
+            self.weight_loads.append(reply.weight_load_s)
+
+    def row(self, results: list[StepResult], info: BatchInfo, *, learner_s: float, version: int, ledger,
+            restarts: int, sync_s: float, num_workers: int) -> dict[str, Any]:
+        """The step's metrics row (idle ratios over this window: start-up counts against neither side); resets."""
+        from elr_rl.metrics import curriculum_metrics
+
+        now = time.perf_counter()
+        window_s = max(now - self.t_row, 1e-9)
+        self.learner_busy_s += learner_s
+        row = step_metrics(results, info, version=version, window=self.groups, ledger=ledger, restarts=restarts,
+                           sync_s=sync_s, parity=self.parity, weight_loads=self.weight_loads,
+                           learner_busy=self.learner_busy_s / window_s,
+                           rollout_busy=self.rollout_busy_s / (max(1, num_workers) * window_s),
+                           wall=now - self.t_run, window_s=window_s)
+        row["timing_s/update_actor"] = learner_s
+        row.update(curriculum_metrics(self.routed))
+        self.t_row, self.groups, self.routed, self.parity, self.weight_loads = now, [], [], [], []
+        self.rollout_busy_s = self.learner_busy_s = 0.0
+        return row
 
 
 def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, window: list[Group],

@@ -53,20 +53,25 @@ def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, 
 
 
 def test_staleness_zero_gives_unit_ratios_on_the_first_update(toy_checkpoint, ray_cluster, tmp_path):
+    """Also with a multi-turn environment: its episodes are played and scored in the worker's scoring
+    pool, its environment tokens masked out, and validation plays whole episodes too."""
     cfg = make_config(toy_checkpoint, tmp_path / "run",
                       run={"total_steps": 4, "eval_interval": 2, "eval_num_tasks": 4, "sample_log_interval": 2},
-                      async_={"max_staleness": 0}, algo={"updates_per_batch": 2, "dynamic_sampling": False})
+                      async_={"max_staleness": 0}, algo={"updates_per_batch": 2, "dynamic_sampling": False},
+                      envs={"names": ["even_odd", "interactive_deduction"]}, rollout={"max_model_len": 384})
     Driver(cfg).run()
     # held-out validation at steps 2 and 4: greedy pass@1 per k on the held-out set, in the step's row
     validated = {x["step"]: x for x in rows(tmp_path / "run") if "val/pass_at_1/k1" in x}
     assert sorted(validated) == [2, 4]
     for x in validated.values():
         for k in cfg.curriculum.loop_counts:
-            assert 0.0 <= x[f"val/pass_at_1/k{k}"] <= 1.0 and x[f"val/pass_at_1/even_odd/k{k}"] == x[f"val/pass_at_1/k{k}"]
+            per_env = [x[f"val/pass_at_1/{env}/k{k}"] for env in cfg.envs.names]  # 4 tasks each
+            assert all(0.0 <= v <= 1.0 for v in per_env) and x[f"val/pass_at_1/k{k}"] == pytest.approx(sum(per_env) / 2)
             assert x[f"val/response_length/k{k}"] > 0
     samples = [json.loads(line) for line in open(tmp_path / "run" / "rollouts.jsonl")]
     assert {s["step"] for s in samples} == {2, 4}
-    assert all(s["env"] == "even_odd" and s["prompt"] and s["policy_version"] >= 0 for s in samples)
+    assert all(s["env"] in cfg.envs.names and s["prompt"] and s["policy_version"] >= 0 for s in samples)
+    assert any("critic/score/env/interactive_deduction" in x for x in rows(tmp_path / "run"))
     for x in rows(tmp_path / "run"):
         assert x["async/staleness_max"] == 0
         assert x["actor/ratio_max_dev/update0"] < 1e-6

@@ -122,3 +122,74 @@ def test_a_run_config_with_save_interval_zero_is_refused(tmp_path):
     save_tokenizer(tmp_path / "ckpt")
     with pytest.raises(ValueError, match="run.save_interval"):
         make_config(tmp_path / "ckpt", tmp_path / "run", run={"save_interval": 0})
+
+
+class _Worker:
+    """A rollout worker handle that records the requests handed to it."""
+
+    def __init__(self):
+        self.requests = []
+        self.generate = self
+
+    def remote(self, work):
+        self.requests.append(work)
+        return object()  # a request ref
+
+
+class _Metrics:
+    def log_routing(self, step, routing):
+        pass
+
+
+def _scheduler(mode: str, groups_per_step: int = 4, staleness: int = 1, per_request: int = 2):
+    from collections import Counter, deque
+
+    from elr_rl.rl.scheduler import Scheduler
+    from elr_rl.rl.stats import StepWindow
+
+    cfg = make_config_for_units(mode, groups_per_step, staleness, per_request)
+    batches = iter(range(1000))
+
+    def next_batch():  # the curriculum: one batch, every loop count
+        b = next(batches)
+        return [_a(100 * b + k, k) for k in cfg.curriculum.loop_counts]
+
+    sched = Scheduler(cfg, next_batch, _Metrics(), Counter(), StepWindow())
+    assert isinstance(sched.queue, deque)
+    return sched
+
+
+def make_config_for_units(mode, groups_per_step, staleness, per_request):
+    from elr_rl.rl.config import RLConfig
+
+    cfg = RLConfig()
+    cfg.async_.mode, cfg.async_.max_staleness = mode, staleness
+    cfg.algo.groups_per_step, cfg.rollout.prompts_per_request = groups_per_step, per_request
+    cfg.curriculum.loop_counts = [1, 2]
+    return cfg
+
+
+def test_sync_scheduling_sends_exactly_what_the_next_step_needs_and_nothing_while_training():
+    sched = _scheduler("sync", groups_per_step=3, per_request=2)
+    workers = [_Worker(), _Worker(), _Worker()]
+    sched.fill(workers, learner_busy=True, downstream=0, step=0)
+    assert sched.in_flight() == 0  # never while the learner trains
+    sched.fill(workers, learner_busy=False, downstream=0, step=0)
+    assert sched.in_flight() == 3 and [len(w.requests[0]) for w in workers[:2]] == [2, 1] and not workers[2].requests
+    for w in workers[:2]:  # each request holds one loop count
+        assert len({a.k for a in w.requests[0]}) == 1
+    sched.fill(workers, learner_busy=False, downstream=0, step=0)
+    assert sched.in_flight() == 3  # busy workers get nothing more, and the step is covered
+
+
+def test_async_scheduling_runs_ahead_by_the_staleness_bound_and_requeues_a_dead_workers_prompts():
+    sched = _scheduler("async", groups_per_step=2, staleness=1, per_request=2)  # at most 2 * (1 + 2) = 6 ahead
+    workers = [_Worker() for _ in range(5)]
+    sched.fill(workers, learner_busy=True, downstream=2, step=0)  # training does not stop async generation
+    assert sched.in_flight() == 4 and sum(bool(w.requests) for w in workers) == 2
+    sched.fill(workers, learner_busy=True, downstream=2, step=0)
+    assert sched.in_flight() == 4  # with 2 groups downstream, 6 are pending: far enough ahead
+    lost = workers[0].requests[0]
+    queued = list(sched.queue)
+    assert sched.requeue_worker(0, []) == len(lost)  # its in-flight request goes back to the front
+    assert list(sched.queue) == lost + queued and sched.in_flight() == 2 and sched.ledger["requeued"] == 2

@@ -1,0 +1,131 @@
+"""The rollout workers and the weights they hold.
+
+The fleet starts the workers, restarts a dead one on the newest weights (a
+checkpoint folder until this run's first step: the model, or the checkpoint the
+run resumed from; then the learner's last published weights too), publishes each
+step's weights to every worker as one object-store object, and spot-checks that
+a worker's logprobs equal the learner's after a sync.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from elr_rl.rl.config import RLConfig
+from elr_rl.rl.messages import Group, StepResult
+
+log = logging.getLogger("elr_rl.rl")
+
+
+class RolloutFleet:
+    def __init__(self, cfg: RLConfig, weights_from: str, version: int) -> None:
+        self.cfg = cfg
+        self.weights_from = weights_from  # a checkpoint folder a (re)started worker loads first
+        self.weights_ref: Any = None  # the learner's last published weights (object-store ref)
+        self.version = version
+        self.workers: list[Any] = []
+        self.restarts = 0
+        self._parity: tuple[int, Any, Any] | None = None  # (version, learner ref, worker ref)
+
+    def start(self) -> None:
+        self.workers = [self._new_worker(i) for i in range(self.cfg.rollout.num_workers)]
+
+    def node_ids(self) -> list[str]:
+        import ray
+
+        return ray.get([w.node_id.remote() for w in self.workers])
+
+    def _new_worker(self, i: int):
+        import ray
+
+        from elr_rl.rl.cores import CORE_OFFSET_ENV, layout_offsets
+        from elr_rl.rl.ray_env import actor_runtime_env
+        from elr_rl.rl.rollout_worker import MAX_CONCURRENCY, RolloutWorker
+
+        c, lc = self.cfg.rollout, self.cfg.learner
+        actor = ray.remote(num_cpus=c.num_cpus_per_worker, num_gpus=c.num_gpus_per_worker, max_restarts=0,
+                           max_concurrency=MAX_CONCURRENCY)(RolloutWorker)
+        # Threads and cores follow the worker's Ray CPUs (RolloutWorker applies them); its slot comes after the learner's.
+        offset = layout_offsets(lc.world_size, lc.num_cpus_per_rank, c.num_workers, c.num_cpus_per_worker)["rollout"][i]
+        env = {"OMP_NUM_THREADS": str(max(1, int(c.num_cpus_per_worker))), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               CORE_OFFSET_ENV: str(offset)}
+        handle = actor.options(runtime_env=actor_runtime_env(env), resources=dict(c.resources) or None).remote(
+            i, self.weights_from, c, self.cfg.run.seed, self.version)
+        ray.get(handle.ping.remote())
+        return handle
+
+    def restart(self, i: int) -> None:
+        """Replace worker i by a new one on the newest weights (after a resume: the resumed checkpoint's)."""
+        self.restarts += 1
+        self.workers[i] = self._new_worker(i)
+        if self.weights_ref is not None:
+            self._push([i], self.weights_ref)
+
+    def publish(self, results: list[StepResult], version: int) -> float:
+        """Send a learner step's weights to every worker as one object; returns seconds (the learner's
+        serialisation plus the transfer). Workers stage them without waiting for their running request
+        and load them between requests."""
+        t0 = time.perf_counter()
+        self.version = version
+        self.weights_ref = results[0].weights_ref[0]
+        self._push(range(len(self.workers)), self.weights_ref)
+        return time.perf_counter() - t0 + max(r.weights_serialize_s for r in results)
+
+    def _push(self, indices, weights_ref) -> None:
+        """Every worker stages the weights; a worker that died meanwhile is restarted (on these weights)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        refs = [(i, self.workers[i].update_weights.remote(weights_ref, self.version)) for i in indices]
+        for i, ref in refs:
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                log.warning("rollout worker %d died during a weight sync (%s): restarting it", i, type(exc).__name__)
+                self.restart(i)
+
+    def start_parity_check(self, learner: Any, group: Group | None) -> None:
+        """Score a few sequences of the last batch on the learner and on worker 0 (collected later)."""
+        n = self.cfg.async_.parity_check_sequences
+        if not n or group is None or self._parity is not None:
+            return
+        seqs = [s.prompt_ids + s.response_ids for s in group.samples[:n]]
+        # the learner scores before its next step, the worker after loading this version
+        self._parity = (self.version, learner.logprobs_ref(seqs, group.k), self.workers[0].logprobs.remote(seqs, group.k))
+
+    def collect_parity(self) -> float | None:
+        """Max |logprob(worker) - logprob(learner)| once both sides answered for the same version."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        if self._parity is None:
+            return None
+        version, ours_ref, theirs_ref = self._parity
+        done, _ = ray.wait([ours_ref, theirs_ref], num_returns=2, timeout=0)
+        if len(done) < 2:
+            return None
+        self._parity = None
+        try:
+            worker_version, theirs = ray.get(theirs_ref)
+        except RayActorError:  # the worker died; its next request finds out and restarts it
+            return None
+        if worker_version != version:  # newer weights arrived first: nothing comparable
+            return None
+        ours = ray.get(ours_ref)
+        diffs = [abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y[-len(x):])]
+        worst = max(diffs) if diffs else 0.0
+        if worst > 1e-2:
+            log.warning("trainer/rollout logprob mismatch after sync to version %d: max |diff| = %.3g", version, worst)
+        return worst
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.get(w.shutdown.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - a dead worker has nothing to shut down
+                pass
+            ray.kill(w)

@@ -1,0 +1,111 @@
+"""The scheduler: the queue of curriculum assignments and the generate requests in flight.
+
+It hands prompts to idle rollout workers (one loop count per request, so a
+worker runs one batched vLLM generate), keeps async mode far enough ahead of the
+learner and no further (more would only go stale), keeps sync mode to exactly
+what the next step needs, and hands back finished requests as they come.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from typing import Any, Callable
+
+from curriculum.routing import Assignment
+from elr_rl.rl.config import RLConfig
+from elr_rl.rl.messages import AsyncMode, GenerateReply
+from elr_rl.rl.samples import take_one_loop_count
+from elr_rl.rl.stats import StepWindow
+
+
+class Scheduler:
+    def __init__(self, cfg: RLConfig, next_batch: Callable[[], list[Assignment]], metrics: Any, ledger: Counter,
+                 window: StepWindow) -> None:
+        """`next_batch`: the curriculum's next batch of assignments (a call to the curriculum service)."""
+        self.cfg, self.next_batch, self.metrics, self.ledger, self.window = cfg, next_batch, metrics, ledger, window
+        self.queue: deque[Assignment] = deque()  # assignments waiting for a worker
+        self.inflight: dict[Any, tuple[int, list[Assignment]]] = {}  # request ref -> (worker index, assignments)
+
+    def in_flight(self) -> int:
+        """Prompt groups being generated."""
+        return sum(len(work) for _, work in self.inflight.values())
+
+    def fill(self, workers: list[Any], *, learner_busy: bool, downstream: int, step: int) -> None:
+        """Hand prompts to idle workers. `downstream`: groups generated but not yet trained on
+        (being scored or buffered). Sync mode sends only what the next step needs, never while training."""
+        c = self.cfg
+        need = c.algo.groups_per_step
+        sync = c.async_.mode == AsyncMode.SYNC
+        if sync and learner_busy:
+            return
+        limit = need if sync else need * (c.async_.max_staleness + 2)  # far enough ahead: more would go stale
+        busy = {i for i, _ in self.inflight.values()}
+        for i, worker in enumerate(workers):
+            pending = downstream + self.in_flight()
+            if pending >= limit:
+                return
+            if i in busy:
+                continue
+            n = c.rollout.prompts_per_request
+            if sync:
+                n = min(n, need - pending)
+            work = self._next_request(n, step)
+            self.inflight[worker.generate.remote(work)] = (i, work)
+
+    def _next_request(self, n: int, step: int) -> list[Assignment]:
+        """Up to n queued assignments at one loop count, the oldest assignment's; the queue holds
+        enough curriculum batches for every loop count to fill a request."""
+        while len(self.queue) < n * len(self.cfg.curriculum.loop_counts):
+            batch = self.next_batch()
+            self.queue.extend(batch)
+            self.ledger["scheduled"] += len(batch)
+            # labelled with the step whose metrics row counts these prompts (curriculum/prompts_k*)
+            self.metrics.log_routing(step + 1, _routing(batch))
+            self.window.routed.extend(batch)
+        work, rest = take_one_loop_count(self.queue, n)
+        self.queue = deque(rest)
+        return work
+
+    def collect(self, timeout: float, wake: list[Any] = ()) -> list[tuple[int, list[Assignment], GenerateReply | Exception]]:
+        """Finished requests as (worker index, assignments, reply, or the error of a dead worker).
+
+        Waits at most `timeout`, returning early when a request or one of the `wake` refs
+        (the learner's step) finishes."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        waitables = list(self.inflight)
+        if wake:
+            waitables += ray.wait(list(wake), num_returns=len(wake), timeout=0)[1]
+        if not waitables:
+            time.sleep(timeout)
+            return []
+        ray.wait(waitables, num_returns=1, timeout=timeout)
+        if not self.inflight:
+            return []
+        ready, _ = ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0)
+        out = []
+        for ref in ready:
+            i, work = self.inflight.pop(ref)
+            try:
+                out.append((i, work, ray.get(ref)))
+            except RayActorError as exc:
+                out.append((i, work, exc))
+        return out
+
+    def requeue_worker(self, i: int, work: list[Assignment]) -> int:
+        """A worker died: its assignments (and any other request it held) go back to the front of the queue."""
+        for ref, (j, other) in list(self.inflight.items()):
+            if j == i:
+                work = work + other
+                del self.inflight[ref]
+        self.queue.extendleft(reversed(work))
+        self.ledger["requeued"] += len(work)
+        return len(work)
+
+
+def _routing(batch) -> dict[int, dict[str, list[float]]]:
+    from elr_rl.metrics import routing_from_assignments
+
+    return routing_from_assignments(batch)
