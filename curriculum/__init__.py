@@ -1,4 +1,7 @@
-"""Difficulty-aware loop curriculum: pass-rate profiling, routing scores and the curriculum service.
+"""Difficulty-aware loop curriculum: pass-rate estimates, routing scores and the curriculum service.
+
+It imports nothing of `elr_rl` or `environments`: the profiler that measures pass rates with the
+rollout engine is `elr_rl.profile`, above both.
 
 Importing this package is cheap: Ray, vLLM and `datasets` load only inside the
 functions that use them.

@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("elr_rl.train.cli", "pretrain a looped model with mixed-depth training (DeepSpeed)"),
     "sft": ("elr_rl.train.cli", "supervised fine-tuning with loss on responses only (DeepSpeed)"),
     "rl": ("elr_rl.rl.cli", "asynchronous GRPO on Ray with the loop curriculum"),
-    "profile": ("curriculum.cli", "profile prompt pass rates per loop count with vLLM"),
+    "profile": ("elr_rl.profile.cli", "profile prompt pass rates per loop count with vLLM"),
     "envs": ("environments.cli", "list, sample and check the reward environments"),
     "dashboard": ("elr_rl.dashboard.cli", "serve the loop-curriculum dashboard for a run directory"),
     "eval": ("elr_rl.eval.cli", "evaluate a checkpoint across loop counts"),

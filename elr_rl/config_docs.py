@@ -22,7 +22,7 @@ from typing import Any
 TOP_LEVEL = [
     ("elr-rl pretrain / elr-rl sft", "elr_rl.train.config:TrainConfig"),
     ("elr-rl rl", "elr_rl.rl.config:RLConfig"),
-    ("elr-rl profile", "curriculum.profile:ProfileConfig"),
+    ("elr-rl profile", "elr_rl.profile.profiler:ProfileConfig"),
     ("elr-rl eval (Python API)", "elr_rl.eval.evaluate:EvalConfig"),
 ]
 OUT = Path(__file__).resolve().parents[1] / "docs" / "CONFIG.md"

@@ -100,20 +100,9 @@ def test_imports_inside_functions_and_relative_imports_count(tmp_path):
     assert imports_of(pkg / "b.py", modules, tmp_path) == {"pkg.a"}
 
 
-# The one cycle left (issue 17): the pass-rate profiler (curriculum.cli/engines/profile) runs the rollout
-# engine and episodes of elr_rl, which imports curriculum's routing, pass rates and service. The
-# profiler is to move into elr_rl; until then only these modules' imports of elr_rl are let through.
-# Nothing else may join them, and the test fails once one of them no longer imports elr_rl.
-PROFILER_IMPORTS_OF_ELR_RL = {"curriculum.cli", "curriculum.engines", "curriculum.profile"}
-
-
 def test_no_cycle_between_packages():
-    graph = project_graph()
-    known = {m for m in PROFILER_IMPORTS_OF_ELR_RL if any(t.split(".")[0] == "elr_rl" for t in graph[m])}
-    assert known == PROFILER_IMPORTS_OF_ELR_RL, "a profiler module no longer imports elr_rl: shrink the list"
-    rest = {m: ({t for t in ts if not t.startswith("elr_rl")} if m in known else ts) for m, ts in graph.items()}
-    packages, why = collapse(rest, lambda m: m.split(".")[0])
-    cycle = find_cycle(packages)
+    graph, why = collapse(project_graph(), lambda m: m.split(".")[0])
+    cycle = find_cycle(graph)
     assert cycle is None, f"packages import each other: {_explain(cycle, why)}"
 
 

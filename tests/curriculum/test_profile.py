@@ -11,10 +11,10 @@ import zlib
 
 import pytest
 
-from curriculum.cli import checkpoint_loop_counts, main
-from curriculum.engines import local_runner
+from elr_rl.profile.cli import checkpoint_loop_counts, main
+from elr_rl.profile.engines import local_runner
 from curriculum.passrates import PROFILE_COLUMNS, read_parquet, read_profile_rows
-from curriculum.profile import Completion, ProfileConfig, ProfileStore, profile_pool, run_profile, summarize
+from elr_rl.profile.profiler import Completion, ProfileConfig, ProfileStore, profile_pool, run_profile, summarize
 from curriculum.routing import CurriculumConfig, LoopRouter, pool_from_profile
 from elr_rl.model import save_tokenizer
 from elr_rl.text import TextCodec
@@ -208,7 +208,7 @@ def test_ray_workers_share_the_chunks(tmp_path, ray_local):
     """Several Ray workers (scripted engines here; the vLLM one is in test_profile_engine.py)."""
     import sys
 
-    from curriculum.engines import ray_runner
+    from elr_rl.profile.engines import ray_runner
 
     ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
     small = dict(envs=["arith_multidigit", "expr_eval"], seeds_per_difficulty=3)

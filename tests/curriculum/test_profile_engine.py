@@ -12,8 +12,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from curriculum.cli import profile_with_engines
-from curriculum.profile import EngineSettings, ProfileConfig, ProfileStore
+from elr_rl.profile.cli import profile_with_engines
+from elr_rl.profile.profiler import EngineSettings, ProfileConfig, ProfileStore
 from environments.base import TURN_SEPARATOR
 from environments.registry import get_env
 
@@ -42,7 +42,7 @@ def _cfg(checkpoint, run_dir, **kw) -> ProfileConfig:
 def engine(checkpoint, tmp_path_factory):
     import os
 
-    from curriculum.engines import EngineGenerate
+    from elr_rl.profile.engines import EngineGenerate
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # in-process vLLM is ~35x slower without it
     gen = EngineGenerate(_cfg(checkpoint, tmp_path_factory.mktemp("unused")))

@@ -102,7 +102,7 @@ def test_malformed_pretraining_rows_name_file_and_line(tmp_path):
 
 
 def test_profile_loop_counts_checked_before_engines(ckpts):
-    from curriculum.profile import ProfileConfig
+    from elr_rl.profile.profiler import ProfileConfig
 
     with pytest.raises(ValueError, match="max_loops=4"):
         ProfileConfig(checkpoint=str(ckpts[0]), loop_counts=[1, 8]).validate()
@@ -149,7 +149,7 @@ def no_bwrap(monkeypatch, tmp_path):
 
 
 def test_eval_and_profile_stop_before_any_engine_when_the_sandbox_cannot_run(ckpts, tmp_path, capsys, no_bwrap):
-    from curriculum.cli import main as profile_main
+    from elr_rl.profile.cli import main as profile_main
     from elr_rl.eval.cli import main as eval_main
 
     assert eval_main([str(ckpts[0]), "--envs", "code_function_synthesis", "--k", "1", "-n", "2"]) == 2

@@ -29,8 +29,8 @@ def tiny_math(tmp_path, monkeypatch):
 
 
 def test_profile_rl_mix_and_eval_from_a_dataset(toy_checkpoint, ray_cluster, tiny_math, tmp_path):
-    from curriculum.cli import profile_with_engines
-    from curriculum.profile import EngineSettings, ProfileConfig
+    from elr_rl.profile.cli import profile_with_engines
+    from elr_rl.profile.profiler import EngineSettings, ProfileConfig
     from elr_rl.eval.evaluate import EvalConfig, evaluate
     from elr_rl.rl.driver import Driver
 

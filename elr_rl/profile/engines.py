@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
-from curriculum.profile import (
+from elr_rl.profile.profiler import (
     ChunkRunner,
     Completion,
     EpisodeFn,

@@ -11,7 +11,7 @@ A (prompt, k) pair whose row sits in a finished part is never profiled again,
 so an interrupted job resumes where it stopped, and a job grown by more seeds,
 environments or loop counts profiles only what is new. Generation goes through a
 small `GenerateFn` (token contexts, k, n) -> n completions each, so the
-counting, episode and resume logic test without an engine; `curriculum.engines` wires
+counting, episode and resume logic test without an engine; `elr_rl.profile.engines` wires
 it to the vLLM rollout engine, locally or as several Ray workers.
 """
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from curriculum.profile import (
+from elr_rl.profile.profiler import (
     ProfileConfig,
     ProfileStore,
     plan_chunks,
@@ -33,8 +33,8 @@ def checkpoint_loop_counts(checkpoint: str) -> list[int]:
 
 def profile_with_engines(cfg: ProfileConfig, ks: list[int], factory: Any = None, progress: bool = True) -> list[dict]:
     """Run the profile with one local engine, or cfg.num_engines Ray workers; returns the merged rows."""
-    from curriculum.engines import check_profilable, load_envs, local_runner, make_scorer, max_context, ray_runner
-    from curriculum.engines import rollout_engine_factory
+    from elr_rl.profile.engines import check_profilable, load_envs, local_runner, make_scorer, max_context, ray_runner
+    from elr_rl.profile.engines import rollout_engine_factory
 
     from elr_rl.text import TextCodec
 
