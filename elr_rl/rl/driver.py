@@ -71,10 +71,11 @@ class Driver:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
-        self._start()
         stop_at = self.cfg.run.stop_after_steps or self.cfg.run.total_steps
-        self.bar = _progress(self.cfg.run.progress, self.step, self.cfg.run.total_steps)
+        self.bar = None
         try:
+            self._start()  # inside: whatever it started is shut down if a later part of it fails
+            self.bar = _progress(self.cfg.run.progress, self.step, self.cfg.run.total_steps)
             while self.step < stop_at:
                 self.scheduler.fill(self.workers, learner_busy=self.training is not None,
                                     downstream=len(self.buffer) + len(self.scorer), step=self.step)
@@ -96,7 +97,8 @@ class Driver:
                     self._end_step(self.training, stop_at)
                     self.training = None
         finally:
-            self.bar.close()
+            if self.bar is not None:
+                self.bar.close()
             summary = self._summary()
             self._shutdown()
         return summary
