@@ -1,11 +1,19 @@
-"""Benchmark: asynchronous against synchronous GRPO on the same tiny config, in one run.
+"""Benchmark: asynchronous against synchronous GRPO (and TRL's GRPOTrainer) on one config, in one run.
 
 Prints a table and a final JSON line: samples/s of each mode (goal: async >= 1.6x sync),
 weight-sync seconds over learner-step seconds (goal <= 5%), and the most that overlapping can
 give on this config, (generate + learn + sync) / max(generate, learn), measured from the sync
-run. Both runs use the same toy checkpoint, batch, group size and lengths, on a local Ray.
+run. Both runs use the same checkpoint, batch, group size and lengths, on a local Ray.
 
-    python scripts/bench_rl.py [--steps 12] [--out runs/bench_rl]
+    python scripts/bench_rl.py [--steps 12] [--size toy|12m|50m] [--out runs/bench_rl]
+
+--size toy (default) uses the format-trained 172k-parameter toy policy. 12m / 50m write a
+RANDOMLY INITIALISED ELR checkpoint of about 12M / 47M parameters with `elr-rl model init`
+(byte tokenizer, 1 input + 2 recurrent + 1 output blocks), in the dtype whose measured matrix
+product is faster (bench_rollout.py's pick_dtype: fp32 on AVX2-only CPUs), and turn dynamic sampling
+off: a random policy gets the same reward on most of a group, and those groups must still be
+trained for the learner's share of a step to be measured. TRL (k = 1) gets a plain Llama of
+the same k = 1 shape.
 """
 
 from __future__ import annotations
@@ -18,8 +26,29 @@ import shutil
 import time
 from pathlib import Path
 
+# ELR model shapes of the random-init sizes (1 input + 2 recurrent + 1 output blocks, K = 4); TRL's
+# plain Llama takes the same shape with 4 layers (one pass through each block: our k = 1).
+SIZES = {
+    "12m": {"hidden_size": 512, "intermediate_size": 1408, "num_attention_heads": 8, "num_key_value_heads": 2},
+    "50m": {"hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16, "num_key_value_heads": 4},
+}
+BLOCKS = {"n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1}
 
-def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int) -> dict:
+
+def random_checkpoint(size: str, out: Path) -> Path:
+    """A random-init ELR checkpoint of `size` written by `elr-rl model init` (reused when present)."""
+    from elr_rl.model.cli import main as model_cli
+
+    ckpt = out / f"random_{size}_ckpt"
+    if not (ckpt / "config.json").is_file():
+        overrides = [f"{k}={v}" for k, v in {**SIZES[size], **BLOCKS}.items()]
+        if model_cli(["init", str(ckpt), *overrides]) != 0:
+            raise SystemExit(f"elr-rl model init failed for --size {size}")
+    return ckpt
+
+
+def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_init: bool = False,
+             dtype: str = "float32") -> dict:
     """One RL run: `sync`, `async` (loop counts 1-4 from the curriculum) or `async_k1` (k = 1 only)."""
     from elr_rl.rl.config import RLConfig
     from elr_rl.rl.driver import Driver
@@ -43,6 +72,10 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int) -> dict
     cfg.async_.max_staleness = 1
     if name.endswith("_k1"):  # the plain-transformer depth, as TRL runs it
         cfg.curriculum.loop_counts = [1]
+    if random_init:  # a random policy scores most groups flat: train them anyway (throughput, not learning)
+        cfg.algo.dynamic_sampling = False
+    cfg.rollout.dtype = dtype
+    cfg.learner.engine.precision = "bf16" if dtype == "bfloat16" else "fp32"
     cfg.validate()
     shutil.rmtree(out / name, ignore_errors=True)
     t0 = time.perf_counter()
@@ -60,7 +93,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int) -> dict
             "wall_s": wall}
 
 
-def run_trl(steps: int, async_samples_per_s: float) -> dict:
+def run_trl(steps: int, async_samples_per_s: float, size: str = "toy") -> dict:
     """TRL's GRPOTrainer on the same config, in its own venv (scripts/setup_bench_trl.sh, scripts/bench_trl.py).
 
     Returns the TRL keys of the final JSON; they stay None when the setup or the run fails.
@@ -77,7 +110,8 @@ def run_trl(steps: int, async_samples_per_s: float) -> dict:
         print(f"trl: setup failed ({e}); TRL keys left null (rerun scripts/setup_bench_trl.sh to see why)")
         return res
     cmd = [str(root / ".venv-bench-trl" / "bin" / "python"), str(root / "scripts" / "bench_trl.py"),
-           "--steps", str(steps), "--threads", str(os.cpu_count() or 1)]  # all cores, as our run uses
+           "--steps", str(steps), "--threads", str(os.cpu_count() or 1),  # all cores, as our run uses
+           "--size", size]
     try:
         proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600)
     except (OSError, subprocess.SubprocessError) as e:
@@ -108,9 +142,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--out", default="runs/bench_rl")
     p.add_argument("--workers", type=int, default=1, help="rollout workers in both modes")
+    p.add_argument("--modes", default="sync,async,async_k1",
+                   help="comma-separated runs (async_k1 is needed for the TRL comparison)")
+    p.add_argument("--size", choices=["toy", *SIZES], default="toy",
+                   help="toy: the trained 172k-parameter policy; 12m / 50m: a random-init fp32 checkpoint of that size")
     p.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
                    help="also run TRL's GRPOTrainer on the same config (own venv: scripts/setup_bench_trl.sh)")
     args = p.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not {"sync", "async"} <= set(modes) or set(modes) - {"sync", "async", "async_k1"}:
+        p.error(f"--modes {args.modes!r}: sync and async are required, async_k1 optional")
+    if args.trl and "async_k1" not in modes:
+        p.error("--trl compares TRL with async_k1: add async_k1 to --modes or pass --no-trl")
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
@@ -118,16 +161,26 @@ def main() -> None:
     from elr_rl.rl.toy import format_sft_checkpoint
 
     out = Path(args.out)
-    ckpt = out / "toy_ckpt"
-    if not (ckpt / "config.json").is_file():
-        format_sft_checkpoint(ckpt)
+    if args.size == "toy":
+        ckpt = out / "toy_ckpt"
+        if not (ckpt / "config.json").is_file():
+            format_sft_checkpoint(ckpt)
+    dtype = "float32"
+    if args.size != "toy":
+        from bench_rollout import pick_dtype  # scripts/ is on sys.path when this script runs
+
+        ckpt = random_checkpoint(args.size, out)
+        dtype, why = pick_dtype("auto")
+        print(f"size {args.size}: random-init checkpoint {ckpt}\ndtype: {why}\nalgo.dynamic_sampling=false: the "
+              "flat-reward groups of a random policy are trained too, so every step carries the full learner work")
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        res = {m: run_mode(m, ckpt, out, args.steps, args.workers) for m in ("sync", "async", "async_k1")}
+        res = {m: run_mode(m, ckpt, out, args.steps, args.workers, args.size != "toy", dtype)
+               for m in modes}
     finally:
         ray.shutdown()
     # TRL's model is a plain transformer of the k = 1 size: compare it with our run at k = 1
-    trl = run_trl(args.steps, res["async_k1"]["samples_per_s"]) if args.trl else {}
+    trl = run_trl(args.steps, res["async_k1"]["samples_per_s"], args.size) if args.trl else {}
     print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'sync s':>8} {'sync/learn':>10}")
     for r in res.values():
         print(f"{r['mode']:>8} {r['samples_per_s']:>10.2f} {r['step_s']:>8.2f} {r['learner_step_s']:>8.2f} "

@@ -1,6 +1,7 @@
 """Benchmark tiny pretraining: tokens/s at k = 1 vs mixed depth, and model FLOP utilisation (MFU).
 
-    .venv/bin/python scripts/bench_train.py [--steps 30] [--size tiny|small] [--threads 2]
+    .venv/bin/python scripts/bench_train.py [--steps 30] [--size tiny|small|d512|d1024] [--threads 2]
+        [--precisions fp32,bf16] [--micro-batch N] [--optim default|foreach|fused]
 
 For each precision (fp32, bf16) it trains the same model twice on one rank:
 at a fixed k = 1, and under mixed depth (k ~ U{1..K}, f forced to k = 1), the
@@ -31,7 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     "tiny": {},  # ElrConfig.tiny(): d = 64
     "small": {"hidden_size": 256, "intermediate_size": 704, "num_attention_heads": 4, "num_key_value_heads": 2},
+    # bench_rl.py's 12m / 50m shapes (1 input + 2 recurrent + 1 output blocks)
+    "d512": {"hidden_size": 512, "intermediate_size": 1408, "num_attention_heads": 8, "num_key_value_heads": 2,
+             "n_recurrent_layers": 2},
+    "d1024": {"hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16, "num_key_value_heads": 4,
+              "n_recurrent_layers": 2},
 }
+# torch AdamW's implementation: "default" is what DeepSpeed builds (on CPU torch picks the per-tensor loop)
+OPTIMS = {"default": {}, "foreach": {"foreach": True, "fused": None}, "fused": {"foreach": None, "fused": True}}
 
 
 def train_flops_per_token(model, k: float, seq_len: int) -> float:
@@ -72,7 +80,7 @@ def matmul_gflops(dtype_name: str, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def make_trainer(overrides: list[str], steps: int, out: str):
+def make_trainer(overrides: list[str], steps: int, out: str, optim: str = "default"):
     from elr_rl.config import load_config
     from elr_rl.train.config import TrainConfig
     from elr_rl.train.trainer import Trainer
@@ -81,7 +89,10 @@ def make_trainer(overrides: list[str], steps: int, out: str):
         f"run.total_steps={steps}", "run.eval_interval=0", "run.eval_batches=1", "run.progress=false",
         "run.resume=false", "metrics.tensorboard=false", f"run.output_dir={out}", *overrides,
     ])
-    return Trainer(cfg, 0, 1)  # the process group stays up for the next run (closed in main)
+    trainer = Trainer(cfg, 0, 1)  # the process group stays up for the next run (closed in main)
+    for group in trainer.engine.optimizer.param_groups:  # read by AdamW at every step; state is made at the first
+        group.update(OPTIMS[optim])
+    return trainer
 
 
 def run_interleaved(trainers: list, steps: int) -> list[dict]:
@@ -126,21 +137,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1 by default: on a shared 2-core machine 2 threads oversubscribe)")
     ap.add_argument("--f", type=float, default=0.25, help="fraction of ranks forced to k = 1")
+    ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    ap.add_argument("--micro-batch", type=int, default=None, help="engine.micro_batch_size (config: 8)")
+    ap.add_argument("--optim", choices=sorted(OPTIMS), default="default",
+                    help="torch AdamW implementation (default: what DeepSpeed builds)")
     ap.add_argument("--json", type=str, default=None, help="also write the results here")
     args = ap.parse_args(argv)
     os.environ.setdefault("MASTER_PORT", "29731")
     size = [f"model.overrides.{k}={v}" for k, v in SIZES[args.size].items()]
     common = [f"engine.torch_threads={args.threads}", "engine.zero_stage=0", *size]
+    if args.micro_batch:
+        common.append(f"engine.micro_batch_size={args.micro_batch}")
+    precisions = [x.strip() for x in args.precisions.split(",") if x.strip()]
+    if not precisions or set(precisions) - {"fp32", "bf16"}:
+        ap.error(f"--precisions {args.precisions!r}: use fp32, bf16 or fp32,bf16")
     from elr_rl.train.sampler import expected_k_bar
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp, _process_group():
-        for precision in ("fp32", "bf16"):
+        for precision in precisions:
             base, mixed = run_interleaved([
                 make_trainer([*common, f"engine.precision={precision}", "loops.mode=fixed", "loops.fixed_k=1"],
-                             args.steps, f"{tmp}/{precision}-k1"),
+                             args.steps, f"{tmp}/{precision}-k1", args.optim),
                 make_trainer([*common, f"engine.precision={precision}", "loops.mode=independent",
-                              f"loops.force_one_fraction={args.f}"], args.steps, f"{tmp}/{precision}-mixed"),
+                              f"loops.force_one_fraction={args.f}"], args.steps, f"{tmp}/{precision}-mixed",
+                             args.optim),
             ], args.steps)
             K, d_eff = mixed["K"], mixed["d_eff"]
             k_bar = expected_k_bar(K, args.f)
@@ -155,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"precision": precision, "run": "ratio",
                          "throughput_k1_over_mixed": round(base["tokens_per_s"] / mixed["tokens_per_s"], 3),
                          "compute_ratio_D_eff(k_bar)/D_eff(1)": round(compute_ratio, 3), "k_bar": k_bar})
-    rows.append({"threads": args.threads, "size": args.size, "steps": args.steps,
+    rows.append({"threads": args.threads, "size": args.size, "steps": args.steps, "optim": args.optim,
+                 "micro_batch": args.micro_batch or "config",
                  "load_average_1min": round(os.getloadavg()[0], 2)})
     for row in rows:
         print(json.dumps(row))

@@ -11,8 +11,9 @@ What matches bench_rl.py:
     torch-heavy elr_rl.model package is not imported), prompts rendered by its own chat template
     (`<|bos|> prompt <|sep|>`, what elr_rl.text.TextCodec feeds our rollouts); its EOS ends a
     completion.
-  * model: a `LlamaForCausalLM` of our k = 1 size (hidden 64, 3 layers = 1 input + 1 recurrent
-    + 1 output, 4 heads, 2 KV heads, SwiGLU 176, vocab 260, untied embeddings), RANDOMLY
+  * model: a `LlamaForCausalLM` of our k = 1 size (--size toy: hidden 64, 3 layers = 1 input + 1
+    recurrent + 1 output, 4 heads, 2 KV heads, SwiGLU 176; 12m / 50m: hidden 512 / 1024, 4 layers,
+    bench_rl.py's shapes; vocab 260, untied embeddings), RANDOMLY
     INITIALISED (no checkpoint is loaded: timing only, rewards stay near 0).
   * data and reward: the even_odd environment (difficulty 1, seeds 0..63, like the bench's
     prompt pool); reward 1 when the `<answer>` span is the right word (the environment's own
@@ -49,6 +50,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, GROUP, MAX_NEW, LR = 8, 8, 24, 5e-4
+# bench_rl.py's --size: the k = 1 shape of our model (toy: 1 + 1 + 1 blocks; 12m / 50m: 1 + 2 + 1)
+SIZES = {
+    "toy": {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2, "layers": 3},
+    "12m": {"hidden_size": 512, "intermediate_size": 1408, "num_attention_heads": 8, "num_key_value_heads": 2, "layers": 4},
+    "50m": {"hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16, "num_key_value_heads": 4,
+            "layers": 4},
+}
 
 
 def _load_tokenizer_module():
@@ -64,8 +72,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="optimizer steps (the first is warm-up, not timed)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (ours: 1 per learner / vLLM worker)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", type=int, default=3,
-                   help="decoder layers (3 = our k = 1 model; 2 + k matches our compute at k loops)")
+    p.add_argument("--size", choices=sorted(SIZES), default="toy", help="bench_rl.py's --size (the k = 1 shape)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="decoder layers (default: the size's k = 1 count; toy: 2 + k matches our compute at k loops)")
     args = p.parse_args()
     if args.steps < 2:
         p.error("--steps must be >= 2 (the first step is not timed)")
@@ -110,9 +119,11 @@ def main() -> None:
         rewards.extend(out)
         return out
 
+    shape = dict(SIZES[args.size])
+    layers = args.layers or shape.pop("layers")
+    shape.pop("layers", None)
     model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=args.layers, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=176, hidden_act="silu", tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+        vocab_size=len(tokenizer), num_hidden_layers=layers, **shape, hidden_act="silu", tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
         max_position_embeddings=2048, initializer_range=0.02, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     ))  # random init
@@ -159,7 +170,8 @@ def main() -> None:
         "trl_reward_mean": round(sum(rewards) / max(1, len(rewards)), 4),
         "trl_params": sum(t.numel() for t in model.parameters()),
         "steps": timed,
-        "layers": args.layers,
+        "layers": layers,
+        "size": args.size,
         "threads": args.threads,
     }
     print(json.dumps(result), flush=True)
