@@ -11,6 +11,7 @@ backbone object, never the string.
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 import torch
@@ -44,7 +45,7 @@ class NgptLMHead(LMHead):
         return (h @ self.weight.t()).float() * (self.logit_scale.float() / self.std)
 
 
-class BackboneVariant:
+class BackboneVariant(abc.ABC):
     """What differs between backbones: the sublayer wrapper, the final norm, the head, and whether
     weights are renormalised after every optimizer step."""
 
@@ -52,8 +53,9 @@ class BackboneVariant:
     unit_norm_weights: ClassVar[bool] = False
     """True when `normalize_weights_` must run after every optimizer step."""
 
+    @abc.abstractmethod
     def sublayer(self, spec: LoopSpec, layer: int) -> nn.Module:
-        raise NotImplementedError
+        """The wrapper around sublayer `layer` (residual and norms)."""
 
     def final_norm(self, spec: LoopSpec) -> nn.Module | None:
         return None
