@@ -142,7 +142,7 @@ class _Metrics:
 
 
 def _scheduler(mode: str, groups_per_step: int = 4, staleness: int = 1, per_request: int = 2):
-    from collections import Counter, deque
+    from collections import Counter
 
     from elr_rl.rl.scheduler import Scheduler
     from elr_rl.rl.stats import StepWindow
@@ -154,9 +154,7 @@ def _scheduler(mode: str, groups_per_step: int = 4, staleness: int = 1, per_requ
         b = next(batches)
         return [_a(100 * b + k, k) for k in cfg.curriculum.loop_counts]
 
-    sched = Scheduler(cfg, next_batch, _Metrics(), Counter(), StepWindow())
-    assert isinstance(sched.queue, deque)
-    return sched
+    return Scheduler(cfg, next_batch, _Metrics(), Counter(), StepWindow())
 
 
 def make_config_for_units(mode, groups_per_step, staleness, per_request):
