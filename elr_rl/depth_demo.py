@@ -71,16 +71,13 @@ class SeedRun:
         return out / "final"
 
     def evaluate(self, ckpt: Path, out: Path) -> dict[int, list[dict]]:
-        """{difficulty: rows} of `elr-rl eval` at each difficulty."""
-        res = {}
-        for d in self.difficulties:
-            path = out / f"eval_d{d}.json"
-            self.run(f"eval {out.name} D={d}", ["eval", str(ckpt), "--envs", ",".join(ENVS), "--k",
-                                                ",".join(map(str, KS)), "--difficulty", str(d), "-n",
-                                                str(self.tasks), "--max-new-tokens", "24", "--json", str(path)],
-                     out / f"eval_d{d}.log")
-            res[d] = json.loads(path.read_text())
-        return res
+        """{difficulty: rows} of one `elr-rl eval` over every difficulty (one engine start)."""
+        path = out / "eval.json"
+        self.run(f"eval {out.name}", ["eval", str(ckpt), "--envs", ",".join(ENVS), "--k", ",".join(map(str, KS)),
+                                      "--difficulty", ",".join(map(str, self.difficulties)), "-n", str(self.tasks),
+                                      "--max-new-tokens", "24", "--json", str(path)], out / "eval.log")
+        rows = json.loads(path.read_text())
+        return {d: [r for r in rows if r["difficulty"] == d] for d in self.difficulties}
 
     def rl_stages(self, base: Path, rl_steps: int, sft_steps_per_rl_step: int) -> dict[str, dict]:
         """profile, then GRPO (curriculum alpha 0.3 and uniform k) and continued SFT, each from `base`."""

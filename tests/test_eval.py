@@ -12,7 +12,7 @@ from elr_rl.eval.cli import main as eval_main
 pytestmark = pytest.mark.slow
 
 
-def _pytorch_greedy_pass_at_1(ckpt, k: int, seeds: range) -> list[bool]:
+def _pytorch_greedy_pass_at_1(ckpt, k: int, seeds: range, difficulty: int = 1) -> list[bool]:
     """The same held-out tasks decoded greedily by the PyTorch model and scored by the environment."""
     from elr_rl.model import LoopedForCausalLM
     from elr_rl.text import TextCodec
@@ -23,7 +23,7 @@ def _pytorch_greedy_pass_at_1(ckpt, k: int, seeds: range) -> list[bool]:
     model = LoopedForCausalLM.from_pretrained(ckpt).eval()
     right = []
     for seed in seeds:
-        task = env.generate(seed, 1)
+        task = env.generate(seed, difficulty)
         prompt = torch.tensor([codec.prompt_ids(task.prompt)])
         out = model.generate(prompt, 32, k=k, cache_mode="per_loop", eos_token_id=codec.stop_token_ids)
         right.append(bool(env.score(task, codec.decode(out.new_tokens[0].tolist())).accuracy))
@@ -32,24 +32,33 @@ def _pytorch_greedy_pass_at_1(ckpt, k: int, seeds: range) -> list[bool]:
 
 def test_eval_reports_pass_at_1_per_k_as_table_and_json(toy_checkpoint, tmp_path, capsys):
     out = tmp_path / "eval.json"
-    rc = eval_main([str(toy_checkpoint), "--envs", "even_odd", "--k", "1,3", "-n", "16", "--max-new-tokens", "32",
-                    "--seed-offset", "5000", "--samples", "4", "--json", str(out)])
+    rc = eval_main([str(toy_checkpoint), "--envs", "even_odd", "--k", "1,3", "--difficulty", "1,2", "-n", "16",
+                    "--max-new-tokens", "32", "--seed-offset", "5000", "--samples", "4", "--json", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "k=1" in printed and "k=3" in printed and "sampled pass@1" in printed
+    assert "even_odd (D=1)" in printed and "even_odd (D=2)" in printed  # one line per difficulty
     rows = json.loads(out.read_text())
-    assert [(r["env"], r["k"]) for r in rows] == [("even_odd", 1), ("even_odd", 3)]
+    assert [(r["env"], r["difficulty"], r["k"]) for r in rows] == [
+        ("even_odd", 1, 1), ("even_odd", 2, 1), ("even_odd", 1, 3), ("even_odd", 2, 3)]
     for r in rows:
         assert r["tasks"] == 16 and 0.0 <= r["pass_at_1"] <= 1.0 and 0.0 <= r["pass_at_1_sampled"] <= 1.0
         assert 5 <= r["response_tokens"] <= 32  # "<answer>even</answer>" and its EOS, give or take
         # greedy vLLM decoding agrees with the PyTorch model's greedy decoding on the same held-out seeds
-        expected = _pytorch_greedy_pass_at_1(toy_checkpoint, r["k"], range(5000, 5016))
+        expected = _pytorch_greedy_pass_at_1(toy_checkpoint, r["k"], range(5000, 5016), r["difficulty"])
         assert abs(r["pass_at_1"] - sum(expected) / 16) <= 1 / 16 + 1e-9, (r, expected)
 
 
 def test_eval_rejects_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
     assert eval_main([str(tmp_path)]) == 2
     assert "not a checkpoint folder" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, value", [("--difficulty", "1,two"), ("--difficulty", "0"), ("--k", "1;2")])
+def test_eval_rejects_bad_lists_before_any_engine_starts(toy_checkpoint, capsys, flag, value):
+    assert eval_main([str(toy_checkpoint), flag, value]) == 2
+    out = capsys.readouterr().out
+    assert flag in out or "must be >= 1" in out
 
 
 def test_eval_plays_multi_turn_environments_as_episodes():

@@ -7,12 +7,20 @@ import json
 from pathlib import Path
 
 
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="elr-rl eval", description=__doc__)
     p.add_argument("checkpoint")
     p.add_argument("--envs", default="even_odd", help="comma-separated environment names or YAML files of dataset environments")
     p.add_argument("--k", default="1,2,3,4", help="comma-separated loop counts")
-    p.add_argument("--difficulty", type=int, default=1)
+    p.add_argument("--difficulty", default="1",
+                   help="difficulty of the tasks, or several comma-separated (one engine start; rows per difficulty)")
     p.add_argument("-n", "--num-tasks", type=int, default=32)
     p.add_argument("--seed-offset", type=int, default=100_000, help="first held-out seed")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -38,8 +46,8 @@ def main(argv: list[str]) -> int:
         from elr_rl.model.safetensors_check import check_checkpoint_files
 
         check_checkpoint_files(args.checkpoint)  # before any engine starts
-        cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], ks=[int(k) for k in args.k.split(",")],
-                         difficulty=args.difficulty, num_tasks=args.num_tasks, seed_offset=args.seed_offset,
+        cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], ks=_ints(args.k, "--k"),
+                         difficulties=_ints(args.difficulty, "--difficulty"), num_tasks=args.num_tasks, seed_offset=args.seed_offset,
                          max_new_tokens=args.max_new_tokens, samples=args.samples, temperature=args.temperature,
                          chat=ChatOptions(args.system_prompt, None if args.thinking is None else args.thinking == "on"),
                          sandbox=SandboxConfig(args.sandbox_tier, args.allow_weaker_tier))

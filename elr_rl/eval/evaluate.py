@@ -27,7 +27,9 @@ class EvalConfig:
     ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Loop counts."""
     difficulty: int = 1
-    """Difficulty of every task."""
+    """Difficulty of every task (when `difficulties` is empty)."""
+    difficulties: list[int] = field(default_factory=list)
+    """Several difficulties in one run (one engine start): rows per (env, difficulty, k). Empty: [difficulty]."""
     num_tasks: int = 32
     """Tasks per environment."""
     seed_offset: int = 100_000
@@ -52,25 +54,38 @@ class EvalConfig:
             raise ValueError("eval needs at least one environment (--envs)")
         if not self.ks or min(self.ks) < 1:
             raise ValueError(f"loop counts must be >= 1, got {self.ks}")
+        if min(self.levels()) < 1:
+            raise ValueError(f"difficulties must be >= 1, got {self.levels()}")
         if self.num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {self.num_tasks}")
         if self.samples < 0 or (self.samples and self.temperature <= 0):
             raise ValueError(f"samples must be >= 0 with a temperature > 0, got {self.samples} at {self.temperature}")
 
+    def levels(self) -> list[int]:
+        """The difficulties evaluated, in order, without repeats."""
+        return list(dict.fromkeys(self.difficulties or [self.difficulty]))
 
-def held_out_tasks(cfg: EvalConfig) -> dict[str, list]:
-    """The held-out set: `num_tasks` tasks per environment at seeds `seed_offset`, `seed_offset + 1`, ...
-    (RL's validation during training uses the same set: elr_rl/rl/validation.py); a dataset environment's
-    first `num_tasks` rows (environments.sources.eval_keys)."""
+
+def held_out_tasks(cfg: EvalConfig) -> dict[tuple[str, int], list]:
+    """The held-out set per (environment, difficulty): `num_tasks` tasks at seeds `seed_offset`,
+    `seed_offset + 1`, ... (RL's validation during training uses the same set: elr_rl/rl/validation.py);
+    a dataset environment's first `num_tasks` rows (environments.sources.eval_keys), once, under the
+    first difficulty (its rows carry their own)."""
     from environments.registry import get_env, resolve_envs
     from environments.sources import eval_keys
 
-    return {e: [get_env(e).generate(s, d) for d, s in eval_keys(e, cfg.num_tasks, cfg.seed_offset, cfg.difficulty)]
-            for e in resolve_envs(cfg.envs)}
+    out = {}
+    for e in resolve_envs(cfg.envs):
+        env = get_env(e)
+        for i, level in enumerate(cfg.levels()):
+            if i and getattr(env, "prompt_keys", None) is not None:
+                break  # a dataset: the same rows at every difficulty
+            out[e, level] = [env.generate(s, d) for d, s in eval_keys(e, cfg.num_tasks, cfg.seed_offset, level)]
+    return out
 
 
 def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[dict[str, Any]]:
-    """One row per (env, k): pass@1 (greedy), mean reward, mean response tokens, tasks, and with
+    """One row per (env, difficulty, k): pass@1 (greedy), mean reward, mean response tokens, tasks, and with
     cfg.samples the sampled pass@1 (`pass_at_1_sampled`). Multi-turn environments are played as
     episodes (the RL workers' implementation), their turns answered by the scoring pool."""
     from elr_rl.rollout.engine import EngineOptions, RolloutEngine
@@ -80,7 +95,7 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
     cfg.validate()
     codec = TextCodec.load(checkpoint, cfg.chat)  # before the engine: a missing tokenizer fails here
     tasks = held_out_tasks(cfg)
-    cfg.sandbox.require_for(get_env(e) for e in tasks)  # a sandbox that cannot run stops here, not per task
+    cfg.sandbox.require_for(get_env(e) for e, _ in tasks)  # a sandbox that cannot run stops here, not per task
     engine = RolloutEngine(checkpoint, k=cfg.ks[0], cache_mode="per_loop", seed=cfg.seed,
                            options=EngineOptions(max_model_len=cfg.max_model_len, max_num_seqs=64))
     rows = []
@@ -88,12 +103,12 @@ def evaluate(checkpoint: str, cfg: EvalConfig, progress: bool = True) -> list[di
         with ScoringPool(2) as pool:
             for k in tqdm(cfg.ks, desc="eval k", disable=not progress):
                 engine.set_k(k)
-                for env_name, env_tasks in tasks.items():
+                for (env_name, level), env_tasks in tasks.items():
                     env = get_env(env_name)
                     greedy = _run(engine, pool, codec, cfg, env, env_tasks, n=1, temperature=0.0)
                     n = len(greedy)
                     row = {
-                        "env": env_name, "k": k, "tasks": n,
+                        "env": env_name, "difficulty": level, "k": k, "tasks": n,
                         "pass_at_1": sum(s.accuracy for s, _ in greedy) / n,
                         "reward": sum(s.reward for s, _ in greedy) / n,
                         "response_tokens": sum(t for _, t in greedy) / n,
@@ -132,16 +147,21 @@ def _run(engine, pool, codec: TextCodec, cfg: EvalConfig, env, tasks: list, n: i
 
 
 def format_table(rows: list[dict[str, Any]], title: str = "") -> str:
-    envs = sorted({r["env"] for r in rows})
+    """One line per environment (per environment and difficulty when several were evaluated), one column per k."""
+    several = len({r.get("difficulty", 1) for r in rows}) > 1
+
+    def label(r: dict[str, Any]) -> str:
+        return f"{r['env']} (D={r.get('difficulty', 1)})" if several else r["env"]
+
+    names = sorted({label(r) for r in rows})
     ks = sorted({r["k"] for r in rows})
-    at = {(r["env"], r["k"]): r for r in rows}
-    width = max(len(e) for e in envs + ["environment"])
-    lines = [title] if title else []
-    lines.append(f"{'environment':<{width}} " + " ".join(f"{'k=' + str(k):>14}" for k in ks))
+    at = {(label(r), r["k"]): r for r in rows}
+    width = max(len(e) for e in names + ["environment"])
     sampled = all("pass_at_1_sampled" in r for r in rows)
     w = 22 if sampled else 14
-    lines[-1] = f"{'environment':<{width}} " + " ".join(f"{'k=' + str(k):>{w}}" for k in ks)
-    for e in envs:
+    lines = [title] if title else []
+    lines.append(f"{'environment':<{width}} " + " ".join(f"{'k=' + str(k):>{w}}" for k in ks))
+    for e in names:
         cells = []
         for k in ks:
             r = at[e, k]
