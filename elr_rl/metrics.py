@@ -36,6 +36,9 @@ RL (`elr-rl rl`), one row per learner step:
     async/staleness_mean, async/staleness_max, async/policy_version
     async/dropped_stale_groups (cumulative), async/dropped_stale_frac (this step's share of the groups)
     timing_s/step, timing_s/update_actor, timing_s/weight_sync, timing_s/weight_load, timing_s/elapsed
+    timing_s/learner_compute                     the slowest rank's optimizer step, timed on the rank
+                                                 (update_actor is the driver's view: queueing included)
+    perf/learner_threads_busy                    that rank's CPU seconds per second of its step
     perf/weight_sync_frac                        timing_s/weight_sync / timing_s/step
     perf/gen_tokens_per_s, perf/trained_tokens_per_s, perf/trained_tokens
     perf/rollout_idle_ratio, perf/learner_idle_ratio   (fractions of the time since the last row)

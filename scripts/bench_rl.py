@@ -88,7 +88,12 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     sync = [r["timing_s/weight_sync"] for r in rows]
     step_s = span / max(1, len(rows) - 1)
     learn_s = sum(r["timing_s/update_actor"] for r in rows[1:]) / max(1, len(rows) - 1)
+    # on the rank itself (excludes the driver's queueing), and how many threads it kept busy
+    compute = [r["timing_s/learner_compute"] for r in rows[1:] if "timing_s/learner_compute" in r]
+    busy = [r["perf/learner_threads_busy"] for r in rows[1:] if "perf/learner_threads_busy" in r]
     return {"mode": name, "samples_per_s": samples / span if span else 0.0, "step_s": step_s, "learner_step_s": learn_s,
+            "learner_compute_s": sum(compute) / len(compute) if compute else None,
+            "learner_threads_busy": sum(busy) / len(busy) if busy else None,
             "weight_sync_s": sum(sync) / len(sync), "sync_over_learner_step": (sum(sync) / len(sync)) / learn_s,
             "wall_s": wall}
 

@@ -98,6 +98,7 @@ class LearnerRank:
     def train_step(self, microbatches: list[dict], ks: list[int], lr: float) -> StepResult:
         """One optimizer step (updates_per_batch > 1: several, against fixed old logprobs)."""
         n_updates = self.cfg.algo.updates_per_batch
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         if n_updates > 1:
             with torch.no_grad():
                 self.engine.engine.eval()
@@ -114,6 +115,7 @@ class LearnerRank:
             losses, grad_norm = out["losses"], out["grad_norm"]
             for s in stats[start:]:
                 s["update"] = float(update)
+        compute_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
         # The new weights go into the object store at once (no extra call from the driver): rank 0
         # returns a ref to them, and the seconds spent, which count as weight-sync time.
         import ray
@@ -121,7 +123,7 @@ class LearnerRank:
         t0 = time.perf_counter()
         weights = self.weights()
         ref = [ray.put(weights)] if self.rank == 0 else []  # in a list: the caller gets the ref, not the bytes
-        return StepResult(losses, grad_norm, stats, time.perf_counter() - t0, ref)
+        return StepResult(losses, grad_norm, stats, time.perf_counter() - t0, ref, compute_s=compute_s, cpu_s=cpu_s)
 
     def weights(self) -> bytes:
         """The full fp32 state dict as safetensors bytes (what rollout workers load)."""

@@ -93,3 +93,5 @@ class StepResult:
     microbatch_stats: list[dict[str, float]]  # grpo_loss statistics per microbatch, with "k", "tokens", "update"
     weights_serialize_s: float  # seconds spent gathering (and on rank 0 serialising) the new weights
     weights_ref: list[Any] = field(default_factory=list)  # rank 0: [ref of the safetensors bytes]; others: []
+    compute_s: float = 0.0  # wall seconds inside the rank's optimizer step(s), timed on the rank
+    cpu_s: float = 0.0  # CPU seconds of the rank's process over the same span (all its threads)

@@ -79,7 +79,7 @@ class StepWindow:
                            learner_busy=self.learner_busy_s / window_s,
                            rollout_busy=self.rollout_busy_s / (max(1, num_workers) * window_s),
                            wall=now - self.t_run, window_s=window_s)
-        row["timing_s/update_actor"] = learner_s
+        row["timing_s/update_actor"] = learner_s  # as the driver saw it: queueing and transfers included
         row.update(curriculum_metrics(self.routed))
         self.t_row, self.groups, self.routed, self.parity, self.weight_loads = now, [], [], [], []
         self.rollout_busy_s = self.learner_busy_s = 0.0
@@ -99,6 +99,10 @@ def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, wi
         return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
 
     staleness = info.staleness or [0]
+    # timed on the ranks: the slowest rank's optimizer step, and its CPU seconds per wall second (how many
+    # threads were busy; below the rank's thread budget means it waited: on memory, locks or another process)
+    slowest = max(results, key=lambda r: r.compute_s, default=None)
+    compute_s = slowest.compute_s if slowest is not None and slowest.compute_s > 0 else None
     groups = len(info.groups)
     dropped = info.dropped_stale_new
     row: dict[str, Any] = group_metrics(window)
@@ -116,6 +120,8 @@ def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, wi
         "batch/frac_reward_zero_std": info.stats.get("batch/uninformative_groups", 0.0) / groups if groups else None,
         "timing_s/step": window_s, "timing_s/weight_sync": sync_s, "timing_s/elapsed": wall,
         "timing_s/weight_load": max(weight_loads) if weight_loads else None,
+        "timing_s/learner_compute": compute_s,
+        "perf/learner_threads_busy": slowest.cpu_s / compute_s if compute_s else None,
         "perf/weight_sync_frac": min(1.0, sync_s / window_s) if window_s else None,
         "perf/learner_idle_ratio": max(0.0, 1.0 - learner_busy),
         "perf/rollout_idle_ratio": max(0.0, 1.0 - rollout_busy), "perf/trained_tokens": tokens,

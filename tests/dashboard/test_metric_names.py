@@ -45,7 +45,8 @@ def test_rl_step_metrics_use_the_scheme():
     assert g["response_length/clip_ratio"] == 2 / 6
     assert "critic/score/env/expr_eval/k4" not in g  # per (env, k): pass rate only
     results = [StepResult([0.5], 1.5, [{"tokens": 10, "clip_frac": 0.1, "entropy": 2.0, "kl": 0.0, "ratio_mean": 1.0,
-                                        "is_weight_mean": 1.0, "update": 0}], weights_serialize_s=0.0)]
+                                        "is_weight_mean": 1.0, "update": 0}], weights_serialize_s=0.0,
+                          compute_s=2.0, cpu_s=3.0)]
     info = BatchInfo(window[:2], staleness=[0, 1], dropped_stale_new=2, lr=1e-4,
                      stats={"batch/uninformative_groups": 1.0, "batch/trained_samples": 2.0})
     row = step_metrics(results, info, version=5, window=window, ledger={"dropped_stale": 7, "requeued": 3}, restarts=1,
@@ -55,6 +56,7 @@ def test_rl_step_metrics_use_the_scheme():
     assert row["batch/frac_reward_zero_std"] == 0.5 and row["async/dropped_stale_frac"] == 0.5
     assert row["timing_s/weight_sync"] == 0.5 and row["timing_s/step"] == 4.0 and row["perf/weight_sync_frac"] == 0.125
     assert row["timing_s/weight_load"] == 0.2 and row["perf/trained_tokens_per_s"] == 2.5
+    assert row["timing_s/learner_compute"] == 2.0 and row["perf/learner_threads_busy"] == 1.5
     assert row["perf/gen_tokens_per_s"] == 12 / 4.0
     assert row["async/staleness_mean"] == 0.5 and row["async/staleness_max"] == 1 and row["async/policy_version"] == 5
     assert row["perf/learner_idle_ratio"] == pytest.approx(0.1) and row["perf/rollout_idle_ratio"] == pytest.approx(0.2)

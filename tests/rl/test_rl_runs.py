@@ -48,6 +48,9 @@ def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, 
     assert len(parity) >= steps // 2 and all(p < 1e-3 for p in parity), parity
     assert all(x["timing_s/weight_sync"] > 0 for x in r)
     assert sum("timing_s/weight_load" in x for x in r) >= steps // 2  # workers loaded the staged weights
+    # the learner's own timing: inside the driver's view of the step, and a thread budget of one busy thread
+    assert all(0 < x["timing_s/learner_compute"] <= x["timing_s/update_actor"] for x in r)
+    assert all(0 < x["perf/learner_threads_busy"] < 2.5 for x in r)
     for k in (1, 2, 3, 4):
         assert any(f"critic/score/k{k}" in x for x in r) and any(x.get(f"curriculum/prompts_k{k}") for x in r)
 
