@@ -186,10 +186,13 @@ def main() -> None:
         ray.shutdown()
     # TRL's model is a plain transformer of the k = 1 size: compare it with our run at k = 1
     trl = run_trl(args.steps, res["async_k1"]["samples_per_s"], args.size) if args.trl else {}
-    print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'sync s':>8} {'sync/learn':>10}")
+    # learn s: the driver's view of a learner step; rank s: timed on the rank; busy: its CPU s per s (1 thread: <= 1)
+    print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'busy':>6} {'sync s':>8} "
+          f"{'sync/learn':>10}")
     for r in res.values():
+        rank_s, busy = r["learner_compute_s"] or float("nan"), r["learner_threads_busy"] or float("nan")
         print(f"{r['mode']:>8} {r['samples_per_s']:>10.2f} {r['step_s']:>8.2f} {r['learner_step_s']:>8.2f} "
-              f"{r['weight_sync_s']:>8.3f} {r['sync_over_learner_step']:>10.1%}")
+              f"{rank_s:>8.2f} {busy:>6.2f} {r['weight_sync_s']:>8.3f} {r['sync_over_learner_step']:>10.1%}")
     if trl.get("trl_samples_per_s"):
         print(f"{'trl':>8} {trl['trl_samples_per_s']:>10.2f} {trl['trl_step_s']:>8.2f} {'-':>8} {'-':>8} {'-':>10}")
         print(f"trl: GRPOTrainer {trl['trl_version']}, random-init Llama of the k = 1 size, completion tokens mean "
@@ -203,7 +206,8 @@ def main() -> None:
           f" -> overlap bound for async/sync {bound:.2f}x; measured {ratio:.2f}x")
     print(json.dumps({"async_over_sync_samples_per_s": round(ratio, 3), "async_over_sync_bound": round(bound, 3),
                       "weight_sync_over_learner_step": round(res["async"]["sync_over_learner_step"], 4),
-                      **{f"{m}_{k}": round(v, 4) for m, r in res.items() for k, v in r.items() if k != "mode"},
+                      **{f"{m}_{k}": None if v is None else round(v, 4) for m, r in res.items() for k, v in r.items()
+                         if k != "mode"},
                       **{k: trl.get(k) for k in ("trl_samples_per_s", "async_over_trl_samples_per_s", "trl_version")}}))
 
 
