@@ -6,6 +6,6 @@ source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-RUN="${1:-runs/quickstart}"
-# pretrain -> SFT -> profile -> eval -> RL -> eval, each stage the user-facing `elr-rl` command.
-exec "$ELR_VENV/bin/python" -m elr_rl.quickstart "$RUN"
+# bash scripts/quickstart.sh [RUN_DIR] [--seed N]   (default runs/quickstart, seed 0)
+# pretrain -> SFT -> SFT calibration -> profile -> eval -> RL -> eval, each stage the user-facing `elr-rl` command.
+exec "$ELR_VENV/bin/python" -m elr_rl.quickstart "$@"
