@@ -39,6 +39,9 @@ RL (`elr-rl rl`), one row per learner step:
     timing_s/learner_compute                     the slowest rank's optimizer step, timed on the rank
                                                  (update_actor is the driver's view: queueing included)
     perf/learner_threads_busy                    that rank's CPU seconds per second of its step
+    batch/groups_k{k}, batch/loop_tokens         the step's groups per loop count; its (prompt + response)
+                                                 tokens x k, the learner's work
+    perf/learner_loop_tokens_per_s               batch/loop_tokens / timing_s/learner_compute
     perf/weight_sync_frac                        timing_s/weight_sync / timing_s/step
     perf/gen_tokens_per_s, perf/trained_tokens_per_s, perf/trained_tokens
     perf/rollout_idle_ratio, perf/learner_idle_ratio   (fractions of the time since the last row)

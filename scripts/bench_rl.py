@@ -91,9 +91,12 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     # on the rank itself (excludes the driver's queueing), and how many threads it kept busy
     compute = [r["timing_s/learner_compute"] for r in rows[1:] if "timing_s/learner_compute" in r]
     busy = [r["perf/learner_threads_busy"] for r in rows[1:] if "perf/learner_threads_busy" in r]
+    loop_tokens = sum(r.get("batch/loop_tokens", 0) for r in rows[1:])
     return {"mode": name, "samples_per_s": samples / span if span else 0.0, "step_s": step_s, "learner_step_s": learn_s,
             "learner_compute_s": sum(compute) / len(compute) if compute else None,
             "learner_threads_busy": sum(busy) / len(busy) if busy else None,
+            # the learner's speed on the work it got (steps at deeper k mixes carry more)
+            "learner_loop_tokens_per_s": loop_tokens / sum(compute) if compute else None,
             "weight_sync_s": sum(sync) / len(sync), "sync_over_learner_step": (sum(sync) / len(sync)) / learn_s,
             "wall_s": wall}
 
@@ -187,12 +190,15 @@ def main() -> None:
     # TRL's model is a plain transformer of the k = 1 size: compare it with our run at k = 1
     trl = run_trl(args.steps, res["async_k1"]["samples_per_s"], args.size) if args.trl else {}
     # learn s: the driver's view of a learner step; rank s: timed on the rank; busy: its CPU s per s (1 thread: <= 1)
-    print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'busy':>6} {'sync s':>8} "
-          f"{'sync/learn':>10}")
+    # loop tok/s: the rank's (prompt + response) tokens x k per second, its speed on the work it was given
+    print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'busy':>6} {'loop tok/s':>10} "
+          f"{'sync s':>8} {'sync/learn':>10}")
+    nan = float("nan")
     for r in res.values():
-        rank_s, busy = r["learner_compute_s"] or float("nan"), r["learner_threads_busy"] or float("nan")
+        rank_s, busy = r["learner_compute_s"] or nan, r["learner_threads_busy"] or nan
         print(f"{r['mode']:>8} {r['samples_per_s']:>10.2f} {r['step_s']:>8.2f} {r['learner_step_s']:>8.2f} "
-              f"{rank_s:>8.2f} {busy:>6.2f} {r['weight_sync_s']:>8.3f} {r['sync_over_learner_step']:>10.1%}")
+              f"{rank_s:>8.2f} {busy:>6.2f} {r['learner_loop_tokens_per_s'] or nan:>10.0f} {r['weight_sync_s']:>8.3f} "
+              f"{r['sync_over_learner_step']:>10.1%}")
     if trl.get("trl_samples_per_s"):
         print(f"{'trl':>8} {trl['trl_samples_per_s']:>10.2f} {trl['trl_step_s']:>8.2f} {'-':>8} {'-':>8} {'-':>10}")
         print(f"trl: GRPOTrainer {trl['trl_version']}, random-init Llama of the k = 1 size, completion tokens mean "

@@ -129,6 +129,14 @@ def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, wi
         "faults/restarted_workers": restarts, "faults/requeued_prompts": ledger.get("requeued", 0),
         "sync/parity_max_abs_diff": max(parity) if parity else None,
     })
+    # the batch's depth mix and its size in token-loops (prompt + response tokens x k): steps at different k
+    # mixes carry different learner work, so compare learner speed as loop tokens per second, not steps
+    for k in sorted({g.k for g in info.groups}):
+        row[f"batch/groups_k{k}"] = sum(g.k == k for g in info.groups)
+    loop_tokens = sum((len(s.prompt_ids) + len(s.response_ids)) * g.k for g in info.groups for s in g.samples)
+    row["batch/loop_tokens"] = loop_tokens
+    if compute_s:
+        row["perf/learner_loop_tokens_per_s"] = loop_tokens / compute_s
     gen_tokens = sum(s.num_model_tokens for g in window for s in g.samples)
     row["perf/gen_tokens_per_s"] = gen_tokens / window_s if window_s else 0.0  # generated since the last row
     row.update(info.stats)

@@ -57,6 +57,9 @@ def test_rl_step_metrics_use_the_scheme():
     assert row["timing_s/weight_sync"] == 0.5 and row["timing_s/step"] == 4.0 and row["perf/weight_sync_frac"] == 0.125
     assert row["timing_s/weight_load"] == 0.2 and row["perf/trained_tokens_per_s"] == 2.5
     assert row["timing_s/learner_compute"] == 2.0 and row["perf/learner_threads_busy"] == 1.5
+    # two groups of two samples (1 prompt + 2 response tokens) at k = 1 and k = 4
+    assert row["batch/groups_k1"] == 1 and row["batch/groups_k4"] == 1 and "batch/groups_k2" not in row
+    assert row["batch/loop_tokens"] == 2 * 3 * 1 + 2 * 3 * 4 and row["perf/learner_loop_tokens_per_s"] == 30 / 2.0
     assert row["perf/gen_tokens_per_s"] == 12 / 4.0
     assert row["async/staleness_mean"] == 0.5 and row["async/staleness_max"] == 1 and row["async/policy_version"] == 5
     assert row["perf/learner_idle_ratio"] == pytest.approx(0.1) and row["perf/rollout_idle_ratio"] == pytest.approx(0.2)
