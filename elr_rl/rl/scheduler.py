@@ -39,7 +39,7 @@ class Scheduler:
         sync = c.async_.mode == AsyncMode.SYNC
         if sync and learner_busy:
             return
-        limit = need if sync else need * (c.async_.max_staleness + 2)  # far enough ahead: more would go stale
+        limit = need if sync else async_lookahead(need, c.async_.max_staleness, learner_busy)
         busy = {i for i, _ in self.inflight.values()}
         for i, worker in enumerate(workers):
             pending = downstream + self.in_flight()
@@ -47,9 +47,7 @@ class Scheduler:
                 return
             if i in busy:
                 continue
-            n = c.rollout.prompts_per_request
-            if sync:
-                n = min(n, need - pending)
+            n = min(c.rollout.prompts_per_request, limit - pending)
             work = self._next_request(n, step)
             self.inflight[worker.generate.remote(work)] = (i, work)
 
@@ -103,6 +101,18 @@ class Scheduler:
         self.queue.extendleft(reversed(work))
         self.ledger["requeued"] += len(work)
         return len(work)
+
+
+def async_lookahead(groups_per_step: int, max_staleness: int, learner_busy: bool) -> int:
+    """Groups async mode keeps pending (generating, scoring or buffered): as many as can still be trained.
+
+    The learner holds version V; workers generate at V. While it trains the step to V + 1, what is
+    generated now is trained at the steps starting from V + 1 .. V + S (staleness <= S): S steps' worth.
+    While it waits for data, the next step starts from V itself: S + 1 steps' worth. Anything beyond
+    is generated only to be dropped as stale (it once was S + 2 steps' worth: at S = 1, two of every
+    three batches generated while the learner was the slower side went stale).
+    """
+    return groups_per_step * (max_staleness + (0 if learner_busy else 1))
 
 
 def _routing(batch) -> dict[int, dict[str, list[float]]]:

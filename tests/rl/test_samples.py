@@ -181,13 +181,37 @@ def test_sync_scheduling_sends_exactly_what_the_next_step_needs_and_nothing_whil
 
 
 def test_async_scheduling_runs_ahead_by_the_staleness_bound_and_requeues_a_dead_workers_prompts():
-    sched = _scheduler("async", groups_per_step=2, staleness=1, per_request=2)  # at most 2 * (1 + 2) = 6 ahead
+    sched = _scheduler("async", groups_per_step=2, staleness=1, per_request=2)
     workers = [_Worker() for _ in range(5)]
-    sched.fill(workers, learner_busy=True, downstream=2, step=0)  # training does not stop async generation
-    assert sched.in_flight() == 4 and sum(bool(w.requests) for w in workers) == 2
-    sched.fill(workers, learner_busy=True, downstream=2, step=0)
-    assert sched.in_flight() == 4  # with 2 groups downstream, 6 are pending: far enough ahead
+    # while the learner trains (V -> V + 1), what is generated now is trained from V + 1: one step's worth at S = 1
+    sched.fill(workers, learner_busy=True, downstream=0, step=0)  # training does not stop async generation
+    assert sched.in_flight() == 2 and sum(bool(w.requests) for w in workers) == 1
+    sched.fill(workers, learner_busy=True, downstream=0, step=0)
+    assert sched.in_flight() == 2  # more would be trained at staleness 2: dropped
+    sched.fill(workers, learner_busy=False, downstream=1, step=0)  # waiting for data: the next step starts from V
+    assert sched.in_flight() == 3 and [len(w.requests[0]) for w in workers[:2]] == [2, 1]  # capped at 2 * 2 pending
     lost = workers[0].requests[0]
     queued = list(sched.queue)
     assert sched.requeue_worker(0, []) == len(lost)  # its in-flight request goes back to the front
-    assert list(sched.queue) == lost + queued and sched.in_flight() == 2 and sched.ledger["requeued"] == 2
+    assert list(sched.queue) == lost + queued and sched.in_flight() == 1 and sched.ledger["requeued"] == 2
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_async_lookahead_generates_nothing_that_must_go_stale(staleness):
+    """Simulated async run, learner slower than generation: FIFO groups each tagged with the version the
+    workers held; every group the scheduler lets through is trained within the staleness bound."""
+    from elr_rl.rl.scheduler import async_lookahead
+
+    need, version, pending, trained = 4, 0, [], 0
+    for _ in range(30):  # one learner step per round; workers fill up to the lookahead instantly
+        # the learner is idle: top up, then the next step takes the oldest `need` groups
+        pending += [version] * max(0, async_lookahead(need, staleness, learner_busy=False) - len(pending))
+        batch, pending = pending[:need], pending[need:]
+        assert all(version - v <= staleness for v in batch)
+        # while it trains (version -> version + 1), workers at `version` top up again
+        pending += [version] * max(0, async_lookahead(need, staleness, learner_busy=True) - len(pending))
+        version += 1
+        trained += len(batch)
+        assert all(version - v <= staleness for v in pending[:need * staleness]), (staleness, version, pending)
+        assert len(pending) <= need * staleness  # nothing beyond what the next S steps can take
+    assert trained == 30 * need
