@@ -41,7 +41,7 @@ def validation_metrics(results: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def run_validation(worker, scorer, cfg: EvalConfig, tasks: dict[str, list] | None = None) -> dict[str, float]:
+def run_validation(worker, scorer, cfg: EvalConfig, tasks: dict[tuple[str, int], list] | None = None) -> dict[str, float]:
     """Greedy pass@1 per (environment, k) on the held-out set, as metric keys (blocks until done).
 
     `worker` is a RolloutWorker actor handle, `scorer` a ScoringPool; `tasks` the
@@ -52,7 +52,7 @@ def run_validation(worker, scorer, cfg: EvalConfig, tasks: dict[str, list] | Non
     tasks = tasks if tasks is not None else held_out_tasks(cfg)
     results = []
     for k in cfg.ks:
-        for env_name, env_tasks in tasks.items():
+        for (env_name, _difficulty), env_tasks in tasks.items():  # one difficulty: run.eval_difficulty
             reply = ray.get(worker.validate.remote(env_tasks, k, cfg.max_new_tokens))
             unscored = [(t, c) for t, c in zip(env_tasks, reply) if c["score"] is None]  # multi-turn: scored there
             fresh = iter(scorer.score_many([(env_name, t, c["text"]) for t, c in unscored]))
