@@ -1,4 +1,4 @@
-"""The whole pipeline on tiny CPU defaults: pretrain -> SFT -> profile -> RL -> evaluate at k = 1..4.
+"""The whole pipeline on tiny CPU defaults: pretrain -> SFT -> SFT calibration -> profile -> RL -> evaluate at k = 1..4.
 
     python -m elr_rl.quickstart [RUN_DIR] [--seed N]   (scripts/quickstart.sh runs this after set-up)
 
