@@ -1,7 +1,7 @@
 """Elastic depth on the ladder: SFT -> (profile -> RL) -> held-out pass@1 per environment and k, two seeds.
 
     python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 600] [--tasks 256] [--difficulties 1,2,4]
-                                [--rl [--rl-steps 30]] [--jobs 2]
+                                [--envs ladder_automaton,...] [--max-difficulty 4] [--rl [--rl-steps 30]] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
@@ -59,6 +59,8 @@ class SeedRun:
     tasks: int
     difficulties: list[int]
     threads: int | None = None  # OMP_NUM_THREADS of its commands (1 when seeds run side by side)
+    envs: tuple[str, ...] = tuple(ENVS)  # the ladder environments trained and evaluated
+    max_difficulty: int = 4  # training documents have D = 1..max_difficulty serial steps
 
     def run(self, title: str, args: list[str], log: Path) -> None:
         cli(f"seed {self.seed}: {title}", args, log, self.threads)
@@ -66,14 +68,16 @@ class SeedRun:
     def sft(self, name: str, steps: int, extra: list[str], title: str) -> Path:
         out = self.root / name
         self.run(title, ["sft", "configs/sft_ladder.yaml", f"run.output_dir={out}", f"run.seed={self.seed}",
-                         f"data.seed={self.seed}", f"run.total_steps={steps}", "run.progress=false", *extra],
+                         f"data.seed={self.seed}", f"run.total_steps={steps}", "run.progress=false",
+                         "data.generators=[" + ",".join(f"env:{e}" for e in self.envs) + "]",
+                         f"data.max_difficulty={self.max_difficulty}", *extra],
                  out / "sft.log")
         return out / "final"
 
     def evaluate(self, ckpt: Path, out: Path) -> dict[int, list[dict]]:
         """{difficulty: rows} of one `elr-rl eval` over every difficulty (one engine start)."""
         path = out / "eval.json"
-        self.run(f"eval {out.name}", ["eval", str(ckpt), "--envs", ",".join(ENVS), "--k", ",".join(map(str, KS)),
+        self.run(f"eval {out.name}", ["eval", str(ckpt), "--envs", ",".join(self.envs), "--k", ",".join(map(str, KS)),
                                       "--difficulty", ",".join(map(str, self.difficulties)), "-n", str(self.tasks),
                                       "--max-new-tokens", "24", "--json", str(path)], out / "eval.log")
         rows = json.loads(path.read_text())
@@ -82,16 +86,17 @@ class SeedRun:
     def rl_stages(self, base: Path, rl_steps: int, sft_steps_per_rl_step: int) -> dict[str, dict]:
         """profile, then GRPO (curriculum alpha 0.3 and uniform k) and continued SFT, each from `base`."""
         table = self.root / "profile"
-        envs = "[" + ",".join(ENVS) + "]"
+        envs = "[" + ",".join(self.envs) + "]"
+        levels = "[" + ",".join(str(d) for d in range(1, self.max_difficulty + 1)) + "]"
         self.run("profile", ["profile", "configs/profile_tiny.yaml", f"checkpoint={base}", f"run_dir={self.root}",
-                             f"envs={envs}", "difficulties=[1,2,3,4]", "loop_counts=[1,2,3,4]",
+                             f"envs={envs}", f"difficulties={levels}", "loop_counts=[1,2,3,4]",
                              "seeds_per_difficulty=8", "max_tokens=24"], self.root / "profile.log")
         out = {}
         for name, alpha in (("rl_curriculum", 0.3), ("rl_uniform_k", 0.0)):
             run = self.root / name
             self.run(name, ["rl", "configs/rl_tiny.yaml", f"model_path={base}", f"run.output_dir={run}",
                             f"curriculum.profile_table={table}", f"curriculum.alpha={alpha}", f"envs.names={envs}",
-                            "envs.difficulties=[1,2,3,4]", "rollout.max_new_tokens=24", f"run.total_steps={rl_steps}",
+                            f"envs.difficulties={levels}", "rollout.max_new_tokens=24", f"run.total_steps={rl_steps}",
                             f"run.seed={self.seed}"], run / "rl.log")
             final = Path(json.loads((run / "summary.json").read_text())["final_checkpoint"])
             out[name] = self.evaluate(final, run)
@@ -114,7 +119,8 @@ def cell(rows: list[dict], env: str, k: int, key: str = "pass_at_1") -> float:
     return next(r[key] for r in rows if r["env"] == env and r["k"] == k)
 
 
-def report(results: dict[int, dict[str, dict]], seconds: float, difficulties: list[int]) -> dict:
+def report(results: dict[int, dict[str, dict]], seconds: float, difficulties: list[int],
+           envs: list[str] | tuple[str, ...] = tuple(ENVS)) -> dict:
     """Print pass@1 per (model, D, env, k) as a range over seeds, and the goal line."""
     seeds = sorted(results)
     models = list(results[seeds[0]])
@@ -123,22 +129,30 @@ def report(results: dict[int, dict[str, dict]], seconds: float, difficulties: li
         for d in difficulties:
             print(f"\n{model}, D={d}")
             print(f"{'environment':<18}" + "".join(f"{'k=' + str(k):>12}" for k in KS) + f"{'k4-k1':>14}")
-            for env in ENVS:
+            for env in envs:
                 vals = [[cell(results[s][model][d], env, k) for s in seeds] for k in KS]
                 gaps = [v4 - v1 for v1, v4 in zip(vals[0], vals[-1])]
                 print(f"{env:<18}" + "".join(f"{min(v):>7.2f}-{max(v):.2f}" for v in vals)
                       + f"{min(gaps):>+9.2f}/{max(gaps):+.2f}")
-            toks = [cell(results[s][model][d], e, k, "response_tokens") for s in seeds for e in ENVS for k in KS]
+            toks = [cell(results[s][model][d], e, k, "response_tokens") for s in seeds for e in envs for k in KS]
             print(f"{'response tokens':<18}{sum(toks) / len(toks):>12.1f} (mean over cells)")
     summary: dict[str, dict[int, list[str]]] = {}
     for model in models:
         for d in (d for d in difficulties if d > 1):
-            met = [env for env in ENVS if all(cell(results[s][model][d], env, 4) - cell(results[s][model][d], env, 1)
+            met = [env for env in envs if all(cell(results[s][model][d], env, 4) - cell(results[s][model][d], env, 1)
                                               >= GOAL_GAP for s in seeds)]
             summary.setdefault(model, {})[d] = met
             verdict = "MET" if len(met) >= GOAL_ENVS and len(seeds) >= 2 else "NOT MET"
             print(f"GOAL {model} D={d}: k=4 minus k=1 >= {GOAL_GAP:.2f} on >= {GOAL_ENVS} environments on every "
                   f"seed (2 seeds at least): {verdict} ({len(met)} on seeds {seeds}: {', '.join(met) or 'none'})")
+    if {"loopwise", "final_only"} <= set(models):  # the gap must come from k = 4 rising, not k = 1 falling
+        for d in (d for d in difficulties if d > 1):
+            above = [env for env in envs if all(
+                cell(results[s]["loopwise"][d], env, 4) - max(cell(results[s]["final_only"][d], env, k) for k in KS)
+                >= GOAL_GAP for s in seeds)]
+            summary.setdefault("loopwise_above_final_only", {})[d] = above
+            print(f"ABOVE BASELINE D={d}: loopwise k=4 >= final_only at its best k + {GOAL_GAP:.2f} on every seed: "
+                  f"{len(above)} environments ({', '.join(above) or 'none'})")
     return summary
 
 
@@ -150,6 +164,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=600, help="SFT optimizer steps of each model")
     p.add_argument("--tasks", type=int, default=256, help="held-out tasks per (environment, k, D) cell")
     p.add_argument("--difficulties", default="1,2,4", help="task difficulties (serial steps) evaluated")
+    p.add_argument("--envs", default=",".join(ENVS), help="ladder environments to train and evaluate")
+    p.add_argument("--max-difficulty", type=int, default=4, help="training documents have D = 1..this serial steps")
     p.add_argument("--rl", action="store_true", help="also profile -> RL (alpha 0.3 and 0) and continued SFT")
     p.add_argument("--rl-steps", type=int, default=30)
     p.add_argument("--jobs", type=int, default=2,
@@ -157,17 +173,22 @@ def main(argv: list[str]) -> int:
                         "more from a core of its own than from two threads)")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    if args.jobs < 1 or args.steps < 1 or args.tasks < 1:
-        raise SystemExit("depth_demo: --jobs, --steps and --tasks must be >= 1")
+    if args.jobs < 1 or args.steps < 1 or args.tasks < 1 or args.max_difficulty < 1:
+        raise SystemExit("depth_demo: --jobs, --steps, --tasks and --max-difficulty must be >= 1")
+    envs = tuple(e.strip() for e in args.envs.split(",") if e.strip())
+    unknown = [e for e in envs if e not in ENVS]
+    if not envs or unknown:
+        raise SystemExit(f"depth_demo: --envs {args.envs!r}: choose from the ladder environments {', '.join(ENVS)} "
+                         "(they carry the per-step targets the loop-wise loss needs)")
     run = Path(args.run)
     t0 = time.perf_counter()
     runs = [SeedRun(run / f"seed{s}", s, args.tasks, [int(d) for d in args.difficulties.split(",")],
-                    1 if args.jobs > 1 else None) for s in seeds]
+                    1 if args.jobs > 1 else None, envs, args.max_difficulty) for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(r.pipeline, args.steps, args.rl, args.rl_steps) for r in runs]
         results = {s: f.result() for s, f in zip(seeds, futures)}
     seconds = time.perf_counter() - t0
-    met = report(results, seconds, runs[0].difficulties)
+    met = report(results, seconds, runs[0].difficulties, envs)
     (run / "summary.json").write_text(json.dumps({"seconds": seconds, "goal_met_envs": met,
                                                   "results": {str(s): r for s, r in results.items()}}, indent=1))
     return 0

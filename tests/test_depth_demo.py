@@ -24,6 +24,10 @@ def test_goal_needs_the_gap_on_three_environments_on_every_seed(capsys):
     out = capsys.readouterr().out
     assert "GOAL loopwise D=4" in out and ": MET (3" in out and "GOAL final_only D=4" in out and "NOT MET (0" in out
     assert "0.20-0.20" in out and "0.80-0.80" in out
+    # loopwise k = 4 (0.8) is 0.3 above the baseline's best k (0.5) on binding and automaton; on pointer seed 1's
+    # baseline reaches 0.8 at k = 4 too, so pointer's gap is not above the baseline on every seed
+    assert met["loopwise_above_final_only"][4] == ["ladder_binding", "ladder_automaton"]
+    assert "ABOVE BASELINE D=4" in out and "2 environments (ladder_binding, ladder_automaton)" in out
 
 
 def test_one_seed_never_meets_the_goal(capsys):
@@ -42,3 +46,35 @@ def test_a_failing_stage_stops_the_demo_with_its_log_tail(tmp_path):
     with pytest.raises(RuntimeError, match="is not a checkpoint folder"):
         cli("eval of a missing checkpoint", ["eval", str(tmp_path / "missing")], log, threads=1)
     assert "is not a checkpoint folder" in log.read_text()
+
+
+def test_report_and_goal_cover_only_the_chosen_environments(capsys):
+    chosen = ("ladder_binding", "ladder_automaton")
+    deep = lambda e, k: 0.2 * k  # noqa: E731
+    rows = [r for r in _rows(deep) if r["env"] in chosen]
+    met = report({0: {"loopwise": {2: rows}}, 1: {"loopwise": {2: rows}}}, 1.0, [2], chosen)
+    assert met["loopwise"][2] == list(chosen)
+    out = capsys.readouterr().out
+    assert "ladder_pointer" not in out and "NOT MET (2" in out  # two environments are fewer than the goal's three
+    assert "ABOVE BASELINE" not in out  # no baseline model in these results
+
+
+def test_seed_run_trains_on_the_chosen_environments_and_difficulties(tmp_path, monkeypatch):
+    import elr_rl.depth_demo as demo
+
+    calls = []
+    monkeypatch.setattr(demo, "cli", lambda title, args, log, threads=None: calls.append(args))
+    run = demo.SeedRun(tmp_path, 1, 8, [2], envs=("ladder_automaton", "ladder_nested"), max_difficulty=2)
+    run.sft("loopwise", 30, [], "SFT")
+    args = calls[0]
+    assert "data.generators=[env:ladder_automaton,env:ladder_nested]" in args
+    assert "data.max_difficulty=2" in args and "run.seed=1" in args and "run.total_steps=30" in args
+
+
+def test_unknown_environment_is_refused_with_the_choices():
+    import pytest
+
+    from elr_rl.depth_demo import main
+
+    with pytest.raises(SystemExit, match="choose from the ladder environments ladder_pointer"):
+        main(["--envs", "ladder_automaton,even_odd"])
