@@ -11,7 +11,8 @@ Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile
   (alpha = 0), and continued SFT for as many optimizer steps (equal steps, not equal FLOPs).
 Evaluation: greedy pass@1 on held-out seeds at each D of `--difficulties` (D = 1: one step, any k
 should do; D = 4: the top of the training range), k = 1..4, `--tasks` tasks a cell. It ends with the
-goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3 environments, on every seed.
+goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3 environments, on every seed,
+and the environments where loop-wise k = 4 beats the baseline's best k by 15 points on every seed.
 Seeds run side by side (`--jobs`), each command on one thread; every command's output goes to a log
 in its stage's folder, and a stage that fails stops the demo with the end of its log.
 """
