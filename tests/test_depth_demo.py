@@ -71,10 +71,14 @@ def test_seed_run_trains_on_the_chosen_environments_and_difficulties(tmp_path, m
     assert "data.max_difficulty=2" in args and "run.seed=1" in args and "run.total_steps=30" in args
 
 
-def test_unknown_environment_is_refused_with_the_choices():
+def test_unknown_environment_is_refused_with_the_choices(monkeypatch):
     import pytest
 
-    from elr_rl.depth_demo import main
+    import elr_rl.depth_demo as demo
 
+    def started(*args, **kwargs):
+        raise AssertionError("the demo started a stage instead of refusing --envs")
+
+    monkeypatch.setattr(demo, "cli", started)
     with pytest.raises(SystemExit, match="choose from the ladder environments ladder_pointer"):
-        main(["--envs", "ladder_automaton,even_odd"])
+        demo.main(["--envs", "ladder_automaton,even_odd"])

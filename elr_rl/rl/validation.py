@@ -41,7 +41,8 @@ def validation_metrics(results: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def run_validation(worker, scorer, cfg: EvalConfig, tasks: dict[tuple[str, int], list] | None = None) -> dict[str, float]:
+def run_validation(worker, scorer, cfg: EvalConfig,
+                   tasks: dict[tuple[str, int], list] | None = None) -> dict[str, float]:
     """Greedy pass@1 per (environment, k) on the held-out set, as metric keys (blocks until done).
 
     `worker` is a RolloutWorker actor handle, `scorer` a ScoringPool; `tasks` the
