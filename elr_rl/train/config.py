@@ -201,7 +201,7 @@ class LoopConfig:
             _fail("loops.truncated_backprop", f"got {self.truncated_backprop}", "use n >= 1 loops, or null for all")
 
 
-LOOP_AUX_TARGETS = ("final", "steps")
+LOOP_AUX_TARGETS = ("final", "steps", "dense")
 
 
 @dataclass
@@ -217,7 +217,12 @@ class LoopAuxConfig:
     targets: str = "final"
     """final: every readout predicts the document's own targets. steps: loop i predicts the answer after
     min(i, D) serial steps of a document that carries per-step targets (a ladder environment's task with
-    D steps), so each loop learns one more step; other documents keep their own targets."""
+    D steps), so each loop learns one more step; other documents keep their own targets. dense (SFT): every
+    loop is asked only what it can know: at the prompt tokens where a ladder task lays out its chain (the
+    s-th move, the bracket closing level s, a binding line) loop i targets the value there once i is at least
+    its depth, and the answer once i >= D (shallower loops get no target there); the last loop's readout is
+    in the mean too. One target per step instead of one per document: what taught pointer chasing fastest
+    at tiny scale."""
 
     def validate(self) -> None:
         if self.weight < 0:
@@ -353,4 +358,7 @@ class TrainConfig:
         for part in (self.model, self.optim, self.schedule, self.engine, self.dist, self.loops, self.loop_aux,
                      self.data, self.run):
             part.validate()
+        if self.loop_aux.enabled and self.loop_aux.targets == "dense" and self.stage != "sft":
+            _fail("loop_aux.targets", "dense targets sit on prompt tokens, which pretraining trains as text",
+                  "use stage: sft, or loop_aux.targets=steps")
         check_rank_uniform_depth(self, self.dist.world_size)

@@ -30,6 +30,7 @@ class Document:
     system: str | None = None  # a system message (a dataset environment's system_prompt)
     steps: int = 0  # serial steps the task needs (ladder environments), for difficulty-aware loop sampling
     step_responses: tuple[str, ...] = ()  # the response after each step (the last is `response`), for loop_aux
+    dense_targets: tuple[tuple[int, int, str], ...] = ()  # (prompt chars, depth, value), for loop_aux dense
 
 
 class DocumentSource(Protocol):
@@ -143,7 +144,8 @@ class EnvironmentSource:
 
         if isinstance(self.env, LadderEnvironment) and response == self.env.reference_solution(task):
             n = self.env.steps_needed(task)  # per-step targets for loop_aux and difficulty-aware sampling
-            doc = replace(doc, steps=n, step_responses=tuple(self.env.step_solution(task, s) for s in range(1, n + 1)))
+            doc = replace(doc, steps=n, step_responses=tuple(self.env.step_solution(task, s) for s in range(1, n + 1)),
+                          dense_targets=tuple(self.env.dense_targets(task)))
         return doc
 
 

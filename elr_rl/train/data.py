@@ -70,6 +70,7 @@ class Packer:
     dropped: Counter = field(default_factory=Counter)  # source -> SFT documents skipped as too long
     kept: Counter = field(default_factory=Counter)  # source -> documents packed
     loop_targets: int = 0  # K > 0: also pack per-loop targets `loop_labels` [B, K, T] (elr_rl.train.loopwise)
+    dense_targets: bool = False  # the loop targets are dense ones (loop_aux.targets=dense; loopwise)
     with_steps: bool = False  # also pack `steps` [B]: the most serial steps a sequence's documents need
 
     def __post_init__(self) -> None:
@@ -97,7 +98,8 @@ class Packer:
                 from elr_rl.train.loopwise import document_extras
 
                 tokenize = lambda d: tokenize_document(d, self.codec, self.stage)  # noqa: E731
-                return [ids, mask, *document_extras(doc, ids, tokenize, self.loop_targets, self.with_steps)]
+                return [ids, mask, *document_extras(doc, ids, tokenize, self.loop_targets, self.with_steps,
+                                                    codec=self.codec if self.dense_targets else None)]
             self.dropped[doc.source] += 1  # SFT: never truncate a response
         raise ValueError(
             f"config field `data.seq_len`: {MAX_SKIPS_IN_A_ROW} documents in a row are longer than "

@@ -9,6 +9,15 @@ where y are the microbatch's labels and y_i loop i's targets: y itself
 (`targets=final`) or, for documents with per-step targets, the answer after
 min(i, D) of their D serial steps (`targets=steps`, the rows `loop_labels[:, i-1]`).
 
+Dense targets (`targets=dense`, SFT): every loop is asked only what it can know. A ladder
+document records (end, depth, value) for the places where its prompt lays out the chain
+(the s-th move, the bracket closing level s, a binding line); loop i's readout at the token
+holding the first `end` prompt characters targets `value` once i >= depth, and the
+response (the answer, D steps) once i >= D; nothing is asked of shallower loops. The term
+then covers every loop, the last included (its prompt positions are not in y):
+
+    loss = CE(z_k, y) + w * mean_{i<=k} CE(z_i, y_i)
+
 Difficulty-aware loop sampling. A microbatch runs at k = max(k_drawn, min(K, D_max)),
 D_max the most serial steps any of its documents needs: no instance is trained at a
 depth too shallow to solve it.
@@ -25,24 +34,32 @@ import torch.nn.functional as F
 from elr_rl.train.labels import IGNORE_INDEX, labels_from_packed
 
 
+DENSE_MARK = -1000
+"""Dense rows carry a prompt-position target v as DENSE_MARK - v (ids are >= 0, IGNORE_INDEX is -100)."""
+
+
 def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     if not bool((labels != IGNORE_INDEX).any()):
         return logits.sum() * 0.0  # no target: zero loss, graph kept for DeepSpeed
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
-def loop_aux_loss(readouts: list[torch.Tensor], batch: dict, weight: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(total, main): main = CE(z_k, labels); total = main + weight * mean_{i<k} CE(z_i, loop i's labels).
+def loop_aux_loss(readouts: list[torch.Tensor], batch: dict, weight: float,
+                  dense: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total, main): main = CE(z_k, labels); total = main + weight * mean_{i<k} CE(z_i, loop i's labels)
+    (mean over i <= k when `dense`: the last loop's dense targets are not in `labels`).
 
     `readouts[i-1]` are loop i's logits [B, T, V]; loop i's labels are `batch["loop_labels"][:, i-1]`
-    ([B, K, T], per-step targets) when present, else `batch["labels"]`.
+    ([B, K, T], per-step or dense targets) when present, else `batch["labels"]`.
     """
     labels = batch["labels"]
     main = _ce(readouts[-1], labels)
-    if len(readouts) == 1 or weight == 0:
-        return main, main
     rows = batch.get("loop_labels")
-    aux = [_ce(z, rows[:, i] if rows is not None else labels) for i, z in enumerate(readouts[:-1])]
+    dense = dense and rows is not None
+    if (len(readouts) == 1 and not dense) or weight == 0:
+        return main, main
+    looped = readouts if dense else readouts[:-1]
+    aux = [_ce(z, rows[:, i] if rows is not None else labels) for i, z in enumerate(looped)]
     return main + weight * torch.stack(aux).mean(), main
 
 
@@ -73,13 +90,57 @@ def loop_target_rows(doc, ids: list[int], tokenize: Callable[[object], tuple[lis
     return [variants[step_of_loop(i, len(steps)) - 1] for i in range(1, K + 1)]
 
 
+def prompt_positions(codec, doc, ends: list[int]) -> list[int] | None:
+    """The token of the rendered prompt holding the first `end` characters of `doc.prompt`, for each end
+    (the first token that has seen them all: the one ending there, or the one merged across the boundary).
+    None when the chat template does not render the prompt verbatim."""
+    head = codec.render_prompt(doc.prompt, doc.system)
+    at = head.rfind(doc.prompt)
+    if at < 0:
+        return None
+    full = codec.encode_text(head)
+    out = []
+    for end in ends:
+        pre = codec.encode_text(head[:at + end])
+        c = next((i for i, (a, b) in enumerate(zip(pre, full)) if a != b), min(len(pre), len(full)))
+        out.append(c - 1 if c == len(pre) else c)
+    return out
+
+
+def dense_target_rows(doc, ids: list[int], codec, K: int) -> list[list[int]] | None:
+    """K rows aligned with `ids`, in the packer's id-row form (a row's entry t+1 is position t's target):
+    loop i keeps the response only once i >= D (else IGNORE_INDEX) and gets each dense target (end, depth,
+    value) with depth <= i at the prompt token holding the first `end` characters (a token holding several
+    targets the last of them loop i can know). None when the document
+    has no dense targets, or a value is not one token or a position cannot be located (then the document
+    keeps its own targets on every loop)."""
+    targets = sorted(getattr(doc, "dense_targets", ()) or ())  # by end: a token holding several keeps the last
+    if not targets:
+        return None
+    D = int(getattr(doc, "steps", 0)) or max(d for _, d, _ in targets)
+    values = [codec.encode_text(v) for _, _, v in targets]
+    where = prompt_positions(codec, doc, [e for e, _, _ in targets])
+    if where is None or any(len(v) != 1 for v in values) or any(not 0 <= t < len(ids) - 1 for t in where):
+        return None
+    rows = []
+    for i in range(1, K + 1):
+        row = list(ids) if i >= D else [IGNORE_INDEX] * len(ids)
+        for (_, depth, _), (value,), t in zip(targets, values, where):
+            if depth <= i:
+                row[t + 1] = DENSE_MARK - value  # a prompt-position target (packed_extras places it)
+        rows.append(row)
+    return rows
+
+
 def document_extras(doc, ids: list[int], tokenize: Callable[[object], tuple[list[int], list[bool]]],
-                    loop_targets: int, with_steps: bool) -> list[list[int]]:
+                    loop_targets: int, with_steps: bool, codec=None) -> list[list[int]]:
     """Per-token lists packed alongside a document's ids: K loop target rows (its own ids when it has no
-    per-step targets), then its serial steps repeated on every token."""
+    per-step targets; dense rows when a codec is given), then its serial steps repeated on every token."""
     out: list[list[int]] = []
     if loop_targets:
-        out += loop_target_rows(doc, ids, tokenize, loop_targets) or [list(ids)] * loop_targets
+        rows = (dense_target_rows(doc, ids, codec, loop_targets) if codec is not None
+                else loop_target_rows(doc, ids, tokenize, loop_targets))
+        out += rows or [list(ids)] * loop_targets
     if with_steps:
         out.append([int(getattr(doc, "steps", 0))] * len(ids))
     return out
@@ -87,13 +148,20 @@ def document_extras(doc, ids: list[int], tokenize: Callable[[object], tuple[list
 
 def packed_extras(extras: list[list[int]], segs: list[int], mask: list[bool], loop_targets: int, with_steps: bool,
                   pad_id: int) -> dict[str, list]:
-    """A packed sequence's `loop_labels` [K, T] (next-token targets of each row, as labels are built)
-    and `steps` (the most serial steps any of its documents needs)."""
+    """A packed sequence's `loop_labels` [K, T] (next-token targets of each row, as labels are built, plus
+    the dense rows' prompt-position targets) and `steps` (the most serial steps any of its documents needs)."""
     T = len(segs)
     out: dict[str, list] = {}
     if loop_targets:
         rows = [x + [pad_id] * (T - len(x)) for x in extras[:loop_targets]]
-        out["loop_labels"] = [labels_from_packed(r, segs, mask) for r in rows]
+        labels = []
+        for r in rows:
+            lab = labels_from_packed(r, segs, mask)
+            for t in range(T - 1):
+                if r[t + 1] <= DENSE_MARK and segs[t + 1] == segs[t]:
+                    lab[t] = DENSE_MARK - r[t + 1]  # a dense target at a prompt position
+            labels.append(lab)
+        out["loop_labels"] = labels
     if with_steps:
         out["steps"] = max(extras[-1], default=0)
     return out

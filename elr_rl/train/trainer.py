@@ -123,7 +123,8 @@ class Trainer:
             for report in self.preflight:
                 print(f"[data] {report.line()}", flush=True)
         self.packer = Packer(source, self.codec, d.seq_len, cfg.stage, rank, world_size,
-                             loop_targets=self.K if cfg.loop_aux.enabled and cfg.loop_aux.targets == "steps" else 0,
+                             loop_targets=self.K if cfg.loop_aux.enabled and cfg.loop_aux.targets != "final" else 0,
+                             dense_targets=cfg.loop_aux.targets == "dense",
                              with_steps=cfg.loops.difficulty_aware)
         self.heldout = fixed_batches(build_source(d, cfg.stage, heldout=True), self.codec, d.seq_len, cfg.stage,
                                      cfg.engine.micro_batch_size, cfg.run.eval_batches)

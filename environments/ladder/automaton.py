@@ -4,7 +4,7 @@
 
 Moves: R (p+1 mod 5), L (p-1 mod 5), F (4-p: a reflection). Rotations and reflections do
 not commute (the dihedral group of order 10), so the moves cannot be summed up in any
-order: step s is the position after the first s moves.
+order: step s is the position after the first s moves, a dense target at the s-th move.
 """
 
 from __future__ import annotations
@@ -29,4 +29,6 @@ class LadderAutomaton(LadderEnvironment):
         for m in moves:
             p = MOVES[m](p)
             steps.append(str(p))
-        return self.make_task(seed, difficulty, f"at {start} do {moves}?", steps)
+        head = f"at {start} do "
+        dense = [(len(head) + s, s, steps[s - 1]) for s in range(1, difficulty + 1)]
+        return self.make_task(seed, difficulty, f"{head}{moves}?", steps, dense)

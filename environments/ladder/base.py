@@ -7,6 +7,11 @@ scale it would be most of the prompt; SFT teaches the format), the answer is one
 between answer tags, and every task records the answer after each step
 (`Task.hidden["steps"]`, the last one being the answer), which the training
 stages can use as per-loop targets (`TrainConfig.loop_aux`).
+
+Where the chain is laid out in the prompt (a move, a closing bracket, a binding line),
+a task also records dense targets (`Task.hidden["dense"]`): (end, depth, value) says the
+prompt's first `end` characters determine `value` in `depth` serial steps, so a causal
+model can hold it at that character from loop `depth` on (`loop_aux.targets=dense`).
 """
 
 from __future__ import annotations
@@ -25,15 +30,24 @@ class LadderEnvironment(Environment):
     score_timeout_s = 2.0
     alphabet: ClassVar[str]  # every symbol an answer can be (bad answers are drawn from it)
 
-    def make_task(self, seed: int, difficulty: int, prompt: str, steps: list[str], **stats: float) -> Task:
+    def make_task(self, seed: int, difficulty: int, prompt: str, steps: list[str],
+                  dense: list[tuple[int, int, str]] = (), **stats: float) -> Task:
         if len(steps) != difficulty:
             raise AssertionError(f"{self.name}: {len(steps)} step targets for difficulty {difficulty}")
-        return Task(self.name, seed, difficulty, prompt, steps[-1], hidden={"steps": list(steps)},
+        for end, depth, value in dense:
+            if not (0 < end <= len(prompt) and 1 <= depth <= difficulty and value in self.alphabet):
+                raise AssertionError(f"{self.name}: dense target {(end, depth, value)} does not fit {prompt!r}")
+        return Task(self.name, seed, difficulty, prompt, steps[-1],
+                    hidden={"steps": list(steps), "dense": [list(t) for t in dense]},
                     stats={"serial_steps": float(difficulty), **stats})
 
     def step_targets(self, task: Task) -> list[str]:
         """The answer after each of the task's serial steps (the last one is the answer)."""
         return list(task.hidden["steps"])
+
+    def dense_targets(self, task: Task) -> list[tuple[int, int, str]]:
+        """(end, depth, value): the first `end` prompt characters give `value` after `depth` serial steps."""
+        return [(int(e), int(d), str(v)) for e, d, v in task.hidden.get("dense", ())]
 
     def steps_needed(self, task: Task) -> int:
         """Serial steps the task needs (its difficulty)."""

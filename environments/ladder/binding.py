@@ -1,10 +1,12 @@
 """ladder_binding: resolve a chain of variable bindings to its digit.
 
-    "b=a d=7 c=b a=4 e=d f=e c?"  ->  <answer>4</answer>
+    "d=7 a=4 e=d b=a f=e c=b c?"  ->  <answer>4</answer>
 
 The queried variable is bound to another variable D-1 times before a digit; a distractor
-chain of the same length ends in another digit. Step s resolves one binding (the variable
-or digit reached after s look-ups).
+chain of the same length ends in another digit. As in a program, every variable is bound
+before it is used; the two chains' lines are interleaved at random. Step s resolves one
+binding (the variable or digit reached after s look-ups); the line that binds the s-th
+variable of a chain holds that chain's digit as a dense target of depth s.
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ class LadderBinding(LadderEnvironment):
         names = rng.sample(VARS, 2 * difficulty)
         chain, other = names[:difficulty], names[difficulty:]
         value, decoy = rng.sample(DIGITS, 2)
-        lines = []
+        queues = []
         for vars_, digit in ((chain, value), (other, decoy)):
-            lines.append(f"{vars_[0]}={digit}")  # vars_[0] holds the digit, vars_[i] = vars_[i-1]
-            lines += [f"{vars_[i]}={vars_[i - 1]}" for i in range(1, len(vars_))]
-        rng.shuffle(lines)
-        query = chain[-1]
+            # vars_[0] holds the digit, vars_[i] = vars_[i-1]: (line, depth of the digit, digit)
+            queues.append([(f"{vars_[0]}={digit}", 1, digit)]
+                          + [(f"{vars_[i]}={vars_[i - 1]}", i + 1, digit) for i in range(1, len(vars_))])
+        order = [0] * difficulty + [1] * difficulty
+        rng.shuffle(order)  # interleave the chains, each in its own order
+        prompt, dense = "", []
+        for q in order:
+            line, depth, digit = queues[q].pop(0)
+            prompt += line
+            dense.append((len(prompt), depth, digit))
+            prompt += " "
         steps = [chain[i] for i in range(difficulty - 2, -1, -1)] + [value]  # c -> b -> a -> 4
-        return self.make_task(seed, difficulty, f"{' '.join(lines)} {query}?", steps)
+        return self.make_task(seed, difficulty, f"{prompt}{chain[-1]}?", steps, dense)

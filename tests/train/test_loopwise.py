@@ -129,3 +129,132 @@ def test_sft_run_with_both_options_trains_deep_enough(tmp_path):
     losses = [r["loss/mean"] for r in rows if "loss/mean" in r]
     assert all(0 < x < 10 for x in losses)
     assert (out / "final" / "model.safetensors").is_file()
+
+
+# --- dense targets (loop_aux.targets=dense) ---
+
+def _automaton_value(prefix: str) -> tuple[int, str]:
+    from environments.ladder.automaton import MOVES
+
+    _, start, _, moves = prefix.split(" ")
+    p = int(start)
+    for m in moves:
+        p = MOVES[m](p)
+    return len(moves), str(p)
+
+
+def _nested_value(prefix: str) -> tuple[int, str]:
+    closed = prefix.count(")")
+    return closed, str(eval(prefix[prefix.count("(") - closed:]) % 10)  # noqa: S307 (our own generator's text)
+
+
+def _binding_value(prefix: str) -> tuple[int, str]:
+    env: dict[str, str] = {}
+    for line in prefix.split(" "):
+        var, rhs = line.split("=")
+        env[var] = rhs
+    var, depth = prefix.split(" ")[-1].split("=")[0], 0
+    while not var.isdigit():
+        var, depth = env[var], depth + 1
+    return depth, var
+
+
+@pytest.mark.parametrize("name,solve", [("ladder_automaton", _automaton_value), ("ladder_nested", _nested_value),
+                                        ("ladder_binding", _binding_value)])
+def test_dense_targets_are_what_the_prompt_prefix_determines(name, solve):
+    """Each (end, depth, value) is recomputed from prompt[:end] alone: a causal model can hold it there."""
+    from environments.registry import get_env
+
+    env = get_env(name)
+    for D in range(1, 6):
+        for seed in range(20):
+            task = env.generate(seed, D)
+            dense = env.dense_targets(task)
+            assert len(dense) >= D and max(d for _, d, _ in dense) == D
+            for end, depth, value in dense:
+                assert solve(task.prompt[:end]) == (depth, value), (task.prompt, end)
+            chain_end = max(e for e, d, v in dense if d == D and v == task.answer)
+            assert chain_end < len(task.prompt)  # the answer's last step is laid out before the query
+
+
+def _check_dense_rows(codec, doc, K=4):
+    from elr_rl.train.data import tokenize_document
+    from elr_rl.train.labels import IGNORE_INDEX
+    from elr_rl.train.loopwise import DENSE_MARK, dense_target_rows
+
+    ids, mask = tokenize_document(doc, codec, "sft")
+    rows = dense_target_rows(doc, ids, codec, K)
+    assert rows is not None and len(rows) == K
+    head = codec.render_prompt(doc.prompt, doc.system)
+    at = head.rfind(doc.prompt)
+    tok = codec.tokenizer
+    # token t has read prompt[:e] when the text of ids[:t+1] reaches it (and ids[:t] does not)
+    first = {e: next(t for t in range(len(ids)) if len(tok.decode(ids[: t + 1])) >= at + e)
+             for e, _, _ in doc.dense_targets}
+    for i, row in enumerate(rows, start=1):
+        resp = [r for r, m in zip(row, mask) if m]
+        assert resp == ([x for x, m in zip(ids, mask) if m] if i >= doc.steps else [IGNORE_INDEX] * len(resp))
+        marks = {t - 1: tok.decode([DENSE_MARK - r]) for t, r in enumerate(row) if r <= DENSE_MARK}
+        want = {}
+        for e, d, v in sorted(doc.dense_targets):
+            if d <= i:  # a token holding several steps targets the last one this loop can know
+                want[first[e]] = v
+        assert marks == want, (doc.prompt, i)
+        assert not any(mask[t + 1] for t in marks)  # prompt positions only
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_dense_rows_put_each_target_on_the_first_token_that_has_read_it(tokenizer, tmp_path):
+    from elr_rl.model.bpe import train_bpe
+    from elr_rl.text import TextCodec
+    from elr_rl.train.config import DataConfig
+    from elr_rl.train.corpus import build_source
+
+    cfg = DataConfig(generators=["env:ladder_automaton", "env:ladder_binding", "env:ladder_nested"],
+                     min_difficulty=1, max_difficulty=4, seq_len=128)
+    source = build_source(cfg, "sft")
+    docs = [source.document(i) for i in range(24)]
+    if tokenizer == "byte":
+        codec = TextCodec.byte_level()
+    else:  # merges across the prompt's characters: positions come from the tokenizer, not from bytes
+        train_bpe([d.prompt + " " + d.response for d in (source.document(i) for i in range(600))], tmp_path, 400)
+        codec = TextCodec.load(tmp_path)
+        assert sum(len(codec.encode_text(d.prompt)) for d in docs) < 0.8 * sum(len(d.prompt) for d in docs)
+    for doc in docs:
+        assert doc.dense_targets and doc.steps >= 1
+        _check_dense_rows(codec, doc)
+
+
+def test_packer_places_dense_targets_and_the_loss_covers_every_loop():
+    from elr_rl.text import TextCodec
+    from elr_rl.train.config import DataConfig
+    from elr_rl.train.corpus import build_source
+    from elr_rl.train.data import IGNORE_INDEX, Packer
+
+    codec = TextCodec.byte_level()
+    cfg = DataConfig(generators=["env:ladder_nested"], min_difficulty=3, max_difficulty=3, seq_len=128)
+    source = build_source(cfg, "sft")
+    packer = Packer(source, codec, 128, "sft", loop_targets=4, dense_targets=True)
+    batch = packer.next_batch(2)
+    rows, labels = batch["loop_labels"], batch["labels"]
+    answer = labels != IGNORE_INDEX
+    assert bool((rows[:, 0][answer] == IGNORE_INDEX).all()) and bool((rows[:, 1][answer] == IGNORE_INDEX).all())
+    assert torch.equal(rows[:, 2][answer], labels[answer]) and torch.equal(rows[:, 3][answer], labels[answer])
+    prompt_targets = [int(((rows[:, i] != IGNORE_INDEX) & ~answer).sum()) for i in range(4)]
+    docs = sum(len(set(batch["segment_ids"][b][answer[b]].tolist())) for b in range(2))  # documents packed
+    assert prompt_targets == [docs, 2 * docs, 3 * docs, 3 * docs]  # one more level's value per loop, then all
+    z = [torch.randn(2, 128, codec.vocab_size, requires_grad=True) for _ in range(4)]
+    total, main = loop_aux_loss(z, batch, 0.5, dense=True)
+    ce = lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)  # noqa: E731
+    assert torch.allclose(total, main + 0.5 * sum(ce(z[i], rows[:, i]) for i in range(4)) / 4)
+
+
+def test_dense_targets_are_refused_outside_sft():
+    from elr_rl.train.config import TrainConfig
+
+    cfg = TrainConfig(stage="pretrain")
+    cfg.loop_aux = LoopAuxConfig(weight=1.0, targets="dense")
+    with pytest.raises(ValueError, match="loop_aux.targets"):
+        cfg.validate()
+    cfg.stage = "sft"
+    cfg.validate()
