@@ -1,16 +1,19 @@
 """Elastic depth on the ladder: SFT -> (profile -> RL) -> held-out pass@1 per environment and k, two seeds.
 
-    python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 600] [--tasks 256] [--difficulties 1,2,4]
-                                [--envs ladder_automaton,...] [--max-difficulty 4] [--rl [--rl-steps 30]] [--jobs 2]
+    python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 1200] [--tasks 256] [--difficulties 1,2,3]
+                                [--envs ladder_automaton,...] [--max-difficulty 3] [--targets dense]
+                                [--rl [--rl-steps 30]] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
-  loopwise    SFT with the loop-wise auxiliary loss on per-step targets, one K-loop pass per microbatch
+  loopwise    SFT with the loop-wise auxiliary loss, one K-loop pass per microbatch, on dense targets
+              (each step's value where the prompt lays it out; `--targets steps`: the answer after
+              min(i, D) steps at the answer)
   final_only  the baseline of the same steps and data: final-answer loss only, k ~ Uniform{1..K}
   with --rl, from `loopwise`: GRPO with the loop curriculum (alpha = 0.3), GRPO with uniform random k
   (alpha = 0), and continued SFT for as many optimizer steps (equal steps, not equal FLOPs).
 Evaluation: greedy pass@1 on held-out seeds at each D of `--difficulties` (D = 1: one step, any k
-should do; D = 4: the top of the training range), k = 1..4, `--tasks` tasks a cell. It ends with the
+should do; D = 3: the top of the training range), k = 1..4, `--tasks` tasks a cell. It ends with the
 goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3 environments, on every seed,
 and the environments where loop-wise k = 4 beats the baseline's best k by 15 points on every seed.
 Seeds run side by side (`--jobs`), each command on one thread; every command's output goes to a log
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENVS = ["ladder_pointer", "ladder_binding", "ladder_automaton", "ladder_nested"]
+DEFAULT_ENVS = ["ladder_binding", "ladder_automaton", "ladder_nested"]  # the ones with dense targets
+TARGETS = ("dense", "steps")
 KS = [1, 2, 3, 4]
 GOAL_GAP, GOAL_ENVS = 0.15, 3
 # The baseline: the same data and steps, the final answer's loss only, k ~ Uniform{1..K} per microbatch.
@@ -60,8 +65,9 @@ class SeedRun:
     tasks: int
     difficulties: list[int]
     threads: int | None = None  # OMP_NUM_THREADS of its commands (1 when seeds run side by side)
-    envs: tuple[str, ...] = tuple(ENVS)  # the ladder environments trained and evaluated
-    max_difficulty: int = 4  # training documents have D = 1..max_difficulty serial steps
+    envs: tuple[str, ...] = tuple(DEFAULT_ENVS)  # the ladder environments trained and evaluated
+    max_difficulty: int = 3  # training documents have D = 1..max_difficulty serial steps
+    targets: str = "dense"  # loop_aux.targets of the loop-wise model
 
     def run(self, title: str, args: list[str], log: Path) -> None:
         cli(f"seed {self.seed}: {title}", args, log, self.threads)
@@ -107,7 +113,8 @@ class SeedRun:
         return out
 
     def pipeline(self, steps: int, rl: bool, rl_steps: int) -> dict[str, dict]:
-        loopwise = self.sft("loopwise", steps, [], "SFT with loop-wise per-step targets")
+        loopwise = self.sft("loopwise", steps, [f"loop_aux.targets={self.targets}"],
+                            f"SFT with loop-wise {self.targets} targets")
         final_only = self.sft("final_only", steps, FINAL_ONLY, "SFT baseline, final answer only, uniform k")
         results = {"loopwise": self.evaluate(loopwise, self.root / "loopwise"),
                    "final_only": self.evaluate(final_only, self.root / "final_only")}
@@ -121,7 +128,7 @@ def cell(rows: list[dict], env: str, k: int, key: str = "pass_at_1") -> float:
 
 
 def report(results: dict[int, dict[str, dict]], seconds: float, difficulties: list[int],
-           envs: list[str] | tuple[str, ...] = tuple(ENVS)) -> dict:
+           envs: list[str] | tuple[str, ...] = tuple(DEFAULT_ENVS)) -> dict:
     """Print pass@1 per (model, D, env, k) as a range over seeds, and the goal line."""
     seeds = sorted(results)
     models = list(results[seeds[0]])
@@ -162,11 +169,12 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", default="runs/depth_demo")
     p.add_argument("--seeds", default="0,1")
-    p.add_argument("--steps", type=int, default=600, help="SFT optimizer steps of each model")
+    p.add_argument("--steps", type=int, default=1200, help="SFT optimizer steps of each model")
     p.add_argument("--tasks", type=int, default=256, help="held-out tasks per (environment, k, D) cell")
-    p.add_argument("--difficulties", default="1,2,4", help="task difficulties (serial steps) evaluated")
-    p.add_argument("--envs", default=",".join(ENVS), help="ladder environments to train and evaluate")
-    p.add_argument("--max-difficulty", type=int, default=4, help="training documents have D = 1..this serial steps")
+    p.add_argument("--difficulties", default="1,2,3", help="task difficulties (serial steps) evaluated")
+    p.add_argument("--envs", default=",".join(DEFAULT_ENVS), help="ladder environments to train and evaluate")
+    p.add_argument("--max-difficulty", type=int, default=3, help="training documents have D = 1..this serial steps")
+    p.add_argument("--targets", default="dense", choices=TARGETS, help="loop_aux.targets of the loop-wise model")
     p.add_argument("--rl", action="store_true", help="also profile -> RL (alpha 0.3 and 0) and continued SFT")
     p.add_argument("--rl-steps", type=int, default=30)
     p.add_argument("--jobs", type=int, default=2,
@@ -184,7 +192,7 @@ def main(argv: list[str]) -> int:
     run = Path(args.run)
     t0 = time.perf_counter()
     runs = [SeedRun(run / f"seed{s}", s, args.tasks, [int(d) for d in args.difficulties.split(",")],
-                    1 if args.jobs > 1 else None, envs, args.max_difficulty) for s in seeds]
+                    1 if args.jobs > 1 else None, envs, args.max_difficulty, args.targets) for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(r.pipeline, args.steps, args.rl, args.rl_steps) for r in runs]
         results = {s: f.result() for s, f in zip(seeds, futures)}

@@ -18,7 +18,7 @@ def test_goal_needs_the_gap_on_three_environments_on_every_seed(capsys):
         0: {"loopwise": {1: _rows(flat), 4: _rows(deep)}, "final_only": {1: _rows(flat), 4: _rows(flat)}},
         1: {"loopwise": {1: _rows(flat), 4: _rows(deep)}, "final_only": {1: _rows(flat), 4: _rows(weak_seed)}},
     }
-    met = report(results, 60.0, [1, 4])
+    met = report(results, 60.0, [1, 4], ENVS)
     assert met["loopwise"][4] == ["ladder_pointer", "ladder_binding", "ladder_automaton"]
     assert met["final_only"][4] == []  # one seed alone does not count
     out = capsys.readouterr().out
@@ -32,7 +32,7 @@ def test_goal_needs_the_gap_on_three_environments_on_every_seed(capsys):
 
 def test_one_seed_never_meets_the_goal(capsys):
     deep = lambda e, k: 0.2 * k  # noqa: E731
-    met = report({0: {"loopwise": {2: _rows(deep)}}}, 1.0, [2])
+    met = report({0: {"loopwise": {2: _rows(deep)}}}, 1.0, [2], ENVS)
     assert len(met["loopwise"][2]) == 4
     assert "NOT MET" in capsys.readouterr().out
 
@@ -82,3 +82,18 @@ def test_unknown_environment_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setattr(demo, "cli", started)
     with pytest.raises(SystemExit, match="choose from the ladder environments ladder_pointer"):
         demo.main(["--envs", "ladder_automaton,even_odd"])
+
+
+def test_loopwise_model_gets_the_chosen_targets_and_the_baseline_none(tmp_path, monkeypatch):
+    import elr_rl.depth_demo as demo
+
+    calls = []
+    monkeypatch.setattr(demo, "cli", lambda title, args, log, threads=None: calls.append(args))
+    monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, ckpt, out: {})
+    for targets in ("dense", "steps"):
+        calls.clear()
+        demo.SeedRun(tmp_path, 0, 8, [2], targets=targets).pipeline(10, rl=False, rl_steps=0)
+        loopwise, final_only = calls
+        assert f"loop_aux.targets={targets}" in loopwise and "loop_aux.weight=0" not in loopwise
+        assert "loop_aux.weight=0" in final_only and not any(a.startswith("loop_aux.targets") for a in final_only)
+        assert "data.generators=[env:ladder_binding,env:ladder_automaton,env:ladder_nested]" in loopwise

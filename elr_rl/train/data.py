@@ -69,6 +69,7 @@ class Packer:
     pending: list = field(default_factory=list)  # [ids, mask] of an unfinished document, or []
     dropped: Counter = field(default_factory=Counter)  # source -> SFT documents skipped as too long
     kept: Counter = field(default_factory=Counter)  # source -> documents packed
+    own_targets: Counter = field(default_factory=Counter)  # source -> documents packed without per-loop targets
     loop_targets: int = 0  # K > 0: also pack per-loop targets `loop_labels` [B, K, T] (elr_rl.train.loopwise)
     dense_targets: bool = False  # the loop targets are dense ones (loop_aux.targets=dense; loopwise)
     with_steps: bool = False  # also pack `steps` [B]: the most serial steps a sequence's documents need
@@ -98,8 +99,11 @@ class Packer:
                 from elr_rl.train.loopwise import document_extras
 
                 tokenize = lambda d: tokenize_document(d, self.codec, self.stage)  # noqa: E731
-                return [ids, mask, *document_extras(doc, ids, tokenize, self.loop_targets, self.with_steps,
-                                                    codec=self.codec if self.dense_targets else None)]
+                extras, has_targets = document_extras(doc, ids, tokenize, self.loop_targets, self.with_steps,
+                                                      codec=self.codec if self.dense_targets else None)
+                if self.loop_targets and not has_targets:
+                    self.own_targets[doc.source] += 1  # every loop keeps the document's own targets
+                return [ids, mask, *extras]
             self.dropped[doc.source] += 1  # SFT: never truncate a response
         raise ValueError(
             f"config field `data.seq_len`: {MAX_SKIPS_IN_A_ROW} documents in a row are longer than "
@@ -153,13 +157,14 @@ class Packer:
 
     def state_dict(self) -> dict:
         return {"next_doc": self.next_doc, "pending": [list(x) for x in self.pending],
-                "dropped": dict(self.dropped), "kept": dict(self.kept)}
+                "dropped": dict(self.dropped), "kept": dict(self.kept), "own_targets": dict(self.own_targets)}
 
     def load_state_dict(self, state: dict) -> None:
         self.next_doc = int(state["next_doc"])
         self.pending = [list(x) for x in state["pending"]]
         self.dropped = Counter(state.get("dropped", {}))
         self.kept = Counter(state.get("kept", {}))
+        self.own_targets = Counter(state.get("own_targets", {}))
 
 
 def fixed_batches(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, batch_size: int,

@@ -133,17 +133,19 @@ def dense_target_rows(doc, ids: list[int], codec, K: int) -> list[list[int]] | N
 
 
 def document_extras(doc, ids: list[int], tokenize: Callable[[object], tuple[list[int], list[bool]]],
-                    loop_targets: int, with_steps: bool, codec=None) -> list[list[int]]:
-    """Per-token lists packed alongside a document's ids: K loop target rows (its own ids when it has no
-    per-step targets; dense rows when a codec is given), then its serial steps repeated on every token."""
+                    loop_targets: int, with_steps: bool, codec=None) -> tuple[list[list[int]], bool]:
+    """(lists, has_loop_targets): per-token lists packed alongside a document's ids: K loop target rows (its
+    own ids when it has no per-step targets; dense rows when a codec is given), then its serial steps
+    repeated on every token; and whether its loop rows are per-step/dense ones (the packer counts the rest)."""
     out: list[list[int]] = []
+    rows = None
     if loop_targets:
         rows = (dense_target_rows(doc, ids, codec, loop_targets) if codec is not None
                 else loop_target_rows(doc, ids, tokenize, loop_targets))
         out += rows or [list(ids)] * loop_targets
     if with_steps:
         out.append([int(getattr(doc, "steps", 0))] * len(ids))
-    return out
+    return out, rows is not None
 
 
 def packed_extras(extras: list[list[int]], segs: list[int], mask: list[bool], loop_targets: int, with_steps: bool,

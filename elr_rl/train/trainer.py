@@ -222,12 +222,16 @@ class Trainer:
         stats = self.engine.train_step(micro, ks, lr_at(step, c.run.total_steps, c.optim.lr, c.schedule))
         stats["ks"] = ks
         stats["data_dropped"] = dict(self.packer.dropped)
+        stats["data_own_targets"] = dict(self.packer.own_targets)
         gathered = _all_gather(stats, self.world_size)
         tokens = c.engine.micro_batch_size * c.engine.grad_accum_steps * self.world_size * c.data.seq_len
         row = step_metrics(gathered, tokens, time.perf_counter() - t0)
         dropped = sum((Counter(g["data_dropped"]) for g in gathered), Counter())
         for src, n in dropped.items():  # SFT documents longer than a sequence: skipped, never truncated
             row[f"data/dropped_too_long/{src}"] = n
+        own = sum((Counter(g["data_own_targets"]) for g in gathered), Counter())
+        for src, n in own.items():  # loop_aux per-step/dense targets asked for, the document has none
+            row[f"data/no_loop_targets/{src}"] = n
         return row
 
     def run(self) -> dict[str, Any]:
@@ -270,9 +274,14 @@ class Trainer:
                    if k.startswith("data/dropped_too_long/")}
         if self.rank == 0 and dropped:
             print(f"[data] SFT documents skipped as longer than data.seq_len={self.cfg.data.seq_len}: {dropped}")
+        own = {k.split("/", 2)[2]: v for k, v in (history[-1] if history else {}).items()
+               if k.startswith("data/no_loop_targets/")}
+        if self.rank == 0 and own:
+            print(f"[data] documents without loop_aux.targets={self.cfg.loop_aux.targets} targets (their own "
+                  f"targets on every loop): {own}")
         return {"step": self.state.step, "checkpoint": str(ckpt), "eval": last_eval,
                 "losses": [h["loss/mean"] for h in history], "tokens_per_s": tokens / max(elapsed, 1e-9),
-                "dropped_too_long": dropped, "preflight": [vars(r) for r in self.preflight]}
+                "dropped_too_long": dropped, "no_loop_targets": own, "preflight": [vars(r) for r in self.preflight]}
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -258,3 +258,25 @@ def test_dense_targets_are_refused_outside_sft():
         cfg.validate()
     cfg.stage = "sft"
     cfg.validate()
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_packer_counts_documents_that_have_no_loop_targets(dense):
+    """Per-loop targets asked for, a document without them keeps its own on every loop, and is counted."""
+    from elr_rl.text import TextCodec
+    from elr_rl.train.config import DataConfig
+    from elr_rl.train.corpus import build_source
+    from elr_rl.train.data import Packer
+
+    codec = TextCodec.byte_level()
+    gens = ["env:ladder_automaton", "env:ladder_pointer", "env:even_odd"]
+    source = build_source(DataConfig(generators=gens, min_difficulty=1, max_difficulty=2, seq_len=256), "sft")
+    packer = Packer(source, codec, 256, "sft", loop_targets=4, dense_targets=dense)
+    packer.next_batch(4)
+    kept = packer.kept
+    assert kept["env:ladder_automaton"] and kept["env:even_odd"] and kept["env:ladder_pointer"]
+    no_targets = {"env:even_odd": kept["env:even_odd"]}
+    if dense:  # the pointer task lays no chain out in its prompt
+        no_targets["env:ladder_pointer"] = kept["env:ladder_pointer"]
+    assert dict(packer.own_targets) == no_targets
+    assert packer.state_dict()["own_targets"] == no_targets
