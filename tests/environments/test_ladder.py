@@ -64,6 +64,12 @@ def test_binding_resolves_through_the_prompt_bindings():
         for target in env.step_targets(task):
             x = binds[x]
             assert x == target
+        bound = set()
+        for line in body.split():  # a program: every variable is bound before it is used
+            var, rhs = line.split("=")
+            assert rhs.isdigit() or rhs in bound, task.prompt
+            bound.add(var)
+        assert len(bound) == 8  # the chain and a distractor chain of the same length
 
 
 def test_automaton_replays_the_moves():
