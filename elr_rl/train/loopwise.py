@@ -108,12 +108,13 @@ def prompt_positions(codec, doc, ends: list[int]) -> list[int] | None:
 
 
 def dense_target_rows(doc, ids: list[int], codec, K: int) -> list[list[int]] | None:
-    """K rows aligned with `ids`, in the packer's id-row form (a row's entry t+1 is position t's target):
-    loop i keeps the response only once i >= D (else IGNORE_INDEX) and gets each dense target (end, depth,
-    value) with depth <= i at the prompt token holding the first `end` characters (a token holding several
-    targets the last of them loop i can know). None when the document
-    has no dense targets, or a value is not one token or a position cannot be located (then the document
-    keeps its own targets on every loop)."""
+    """K rows aligned with `ids`, in the packer's id-row form (a row's entry t+1 is position t's target).
+
+    Loop i keeps the response only once i >= D (else IGNORE_INDEX) and gets each dense target (end, depth,
+    value) with depth <= i at the prompt token holding the first `end` characters; a token holding several
+    targets the last of them that loop i can know. None when the document has no dense targets, a value is
+    not one token, or a position cannot be located (then every loop keeps the document's own targets).
+    """
     targets = sorted(getattr(doc, "dense_targets", ()) or ())  # by end: a token holding several keeps the last
     if not targets:
         return None
