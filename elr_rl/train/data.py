@@ -184,15 +184,24 @@ class SourceReport:
     max_tokens: int
     kept_whole: float  # share of documents that fit a sequence whole (SFT: the rest are skipped)
     supervised_per_sequence: float  # loss-carrying tokens per packed sequence, from what fits
+    loop_targets: float | None = None  # loop_aux per-step/dense targets asked for: share of documents that have them
+    dense_per_sequence: float | None = None  # loop_aux dense: prompt-position targets of the last loop per sequence
 
     def line(self) -> str:
-        return (f"{self.source}: {self.documents} documents sampled, {self.mean_tokens:.0f} tokens on average "
-                f"(max {self.max_tokens}), {self.kept_whole:.0%} fit a sequence whole, "
-                f"~{self.supervised_per_sequence:.0f} supervised tokens per sequence")
+        out = (f"{self.source}: {self.documents} documents sampled, {self.mean_tokens:.0f} tokens on average "
+               f"(max {self.max_tokens}), {self.kept_whole:.0%} fit a sequence whole, "
+               f"~{self.supervised_per_sequence:.0f} supervised tokens per sequence")
+        if self.loop_targets is not None:
+            out += f", {self.loop_targets:.0%} with per-loop targets"
+        if self.dense_per_sequence is not None:
+            out += f" (~{self.dense_per_sequence:.0f} dense targets per sequence)"
+        return out
 
 
-def preflight(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, n: int = 64) -> list[SourceReport]:
-    """Per source: token lengths, the share of documents kept whole, supervised tokens per sequence.
+def preflight(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, n: int = 64,
+              loop_targets: int = 0, dense_targets: bool = False) -> list[SourceReport]:
+    """Per source: token lengths, the share of documents kept whole, supervised tokens per sequence, and
+    with `loop_targets` (K) the share of documents that carry per-loop targets (dense ones per sequence).
 
     SFT: a source none of whose sampled documents fits a sequence is an error (its responses
     would all be skipped), naming the length that would fit.
@@ -208,6 +217,17 @@ def preflight(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, n
         whole = sum(length <= seq_len for length in lengths) / len(lengths)  # pretraining splits the rest
         rep = SourceReport(name, len(docs), sum(lengths) / len(lengths), max(lengths), whole,
                            supervised / sequences if fit else 0.0)
+        if loop_targets:
+            from elr_rl.train.loopwise import DENSE_MARK, document_extras
+
+            tokenize = lambda d: tokenize_document(d, codec, stage)  # noqa: E731
+            extras = [document_extras(d, ids, tokenize, loop_targets, False, codec if dense_targets else None)
+                      for d, (ids, _) in zip(docs, enc)]
+            rep.loop_targets = sum(has for _, has in extras) / len(extras)
+            if dense_targets:  # the documents that fit, as supervised tokens are counted
+                marks = sum(sum(x <= DENSE_MARK for x in rows[-1]) for (rows, has), (ids, _) in zip(extras, enc)
+                            if has and (stage == "pretrain" or len(ids) <= seq_len))
+                rep.dense_per_sequence = marks / sequences if fit else 0.0
         if stage != "pretrain" and not fit:
             raise ValueError(
                 f"config field `data.seq_len`: no sampled document of {name} fits seq_len={seq_len} tokens "

@@ -118,13 +118,15 @@ class Trainer:
         self.engine = TrainEngine(self.model_cfg, cfg, rank, world_size, model=model, local_rank=local_rank)
         d = cfg.data
         source = build_source(d, cfg.stage)
-        self.preflight = preflight(source, self.codec, d.seq_len, cfg.stage)  # nothing that fits: an error here
+        loop_targets = self.K if cfg.loop_aux.enabled and cfg.loop_aux.targets != "final" else 0
+        dense = cfg.loop_aux.targets == "dense"
+        self.preflight = preflight(source, self.codec, d.seq_len, cfg.stage,  # nothing that fits: an error here
+                                   loop_targets=loop_targets, dense_targets=dense)
         if rank == 0:
             for report in self.preflight:
                 print(f"[data] {report.line()}", flush=True)
         self.packer = Packer(source, self.codec, d.seq_len, cfg.stage, rank, world_size,
-                             loop_targets=self.K if cfg.loop_aux.enabled and cfg.loop_aux.targets != "final" else 0,
-                             dense_targets=cfg.loop_aux.targets == "dense",
+                             loop_targets=loop_targets, dense_targets=dense,
                              with_steps=cfg.loops.difficulty_aware)
         self.heldout = fixed_batches(build_source(d, cfg.stage, heldout=True), self.codec, d.seq_len, cfg.stage,
                                      cfg.engine.micro_batch_size, cfg.run.eval_batches)

@@ -280,3 +280,27 @@ def test_packer_counts_documents_that_have_no_loop_targets(dense):
         no_targets["env:ladder_pointer"] = kept["env:ladder_pointer"]
     assert dict(packer.own_targets) == no_targets
     assert packer.state_dict()["own_targets"] == no_targets
+
+
+def test_preflight_shows_which_documents_carry_loop_targets_and_how_many_dense_ones():
+    from elr_rl.text import TextCodec
+    from elr_rl.train.config import DataConfig
+    from elr_rl.train.corpus import build_source
+    from elr_rl.train.data import IGNORE_INDEX, Packer, preflight
+
+    codec = TextCodec.byte_level()
+    gens = ["env:ladder_automaton", "env:ladder_pointer", "env:even_odd"]
+    source = build_source(DataConfig(generators=gens, min_difficulty=1, max_difficulty=3, seq_len=128), "sft")
+    reports = {r.source: r for r in preflight(source, codec, 128, "sft", n=32, loop_targets=4, dense_targets=True)}
+    assert reports["env:ladder_automaton"].loop_targets == 1.0
+    assert reports["env:ladder_pointer"].loop_targets == 0.0 and reports["env:even_odd"].loop_targets == 0.0
+    assert reports["env:ladder_pointer"].dense_per_sequence == 0.0
+    assert "100% with per-loop targets" in reports["env:ladder_automaton"].line()
+    plain = {r.source: r for r in preflight(source, codec, 128, "sft", n=32)}
+    assert plain["env:even_odd"].loop_targets is None and "per-loop" not in plain["env:even_odd"].line()
+    # the estimate matches what the packer places (one source: every sequence is automaton documents)
+    alone = build_source(DataConfig(generators=["env:ladder_automaton"], min_difficulty=1, max_difficulty=3), "sft")
+    est = preflight(alone, codec, 128, "sft", n=64, loop_targets=4, dense_targets=True)[0].dense_per_sequence
+    batch = Packer(alone, codec, 128, "sft", loop_targets=4, dense_targets=True).next_batch(16)
+    placed = ((batch["loop_labels"][:, 3] != IGNORE_INDEX) & (batch["labels"] == IGNORE_INDEX)).sum().item() / 16
+    assert est > 3 and abs(est - placed) / placed < 0.25, (est, placed)
