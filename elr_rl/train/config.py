@@ -221,8 +221,8 @@ class LoopAuxConfig:
     loop is asked only what it can know: at the prompt tokens where a ladder task lays out its chain (the
     s-th move, the bracket closing level s, a binding line) loop i targets the value there once i is at least
     its depth, and the answer once i >= D (shallower loops get no target there); the last loop's readout is
-    in the mean too. One target per step instead of one per document: what taught pointer chasing fastest
-    at tiny scale."""
+    in the mean too. One target per step instead of one per document: at tiny scale it learns the ladder's
+    automaton in 1,200 steps, where steps does not (README, elastic depth)."""
 
     def validate(self) -> None:
         if self.weight < 0:
