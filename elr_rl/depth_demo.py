@@ -189,6 +189,14 @@ def main(argv: list[str]) -> int:
     if not envs or unknown:
         raise SystemExit(f"depth_demo: --envs {args.envs!r}: choose from the ladder environments {', '.join(ENVS)} "
                          "(they carry the per-step targets the loop-wise loss needs)")
+    if args.targets == "dense":
+        from environments.registry import get_env
+
+        plain = [e for e in envs if not get_env(e).dense_targets(get_env(e).generate(0, 1))]
+        if plain:  # the trainer counts them too (data/no_loop_targets); say it before 20 minutes are spent
+            print(f"depth_demo: {', '.join(plain)} lay out no chain in the prompt (no dense targets): the loop-wise "
+                  "model trains them on their own targets at every loop; --targets steps gives them per-step ones",
+                  flush=True)
     run = Path(args.run)
     t0 = time.perf_counter()
     runs = [SeedRun(run / f"seed{s}", s, args.tasks, [int(d) for d in args.difficulties.split(",")],

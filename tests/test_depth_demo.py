@@ -97,3 +97,24 @@ def test_loopwise_model_gets_the_chosen_targets_and_the_baseline_none(tmp_path, 
         assert f"loop_aux.targets={targets}" in loopwise and "loop_aux.weight=0" not in loopwise
         assert "loop_aux.weight=0" in final_only and not any(a.startswith("loop_aux.targets") for a in final_only)
         assert "data.generators=[env:ladder_binding,env:ladder_automaton,env:ladder_nested]" in loopwise
+
+
+def test_dense_demo_names_the_environments_without_dense_targets(monkeypatch, capsys):
+    import elr_rl.depth_demo as demo
+
+    class Stop(Exception):
+        pass
+
+    def pipeline(self, *args):
+        raise Stop  # stop before any stage runs
+
+    monkeypatch.setattr(demo.SeedRun, "pipeline", pipeline)
+    import pytest
+
+    with pytest.raises(Stop):
+        demo.main(["--envs", "ladder_pointer,ladder_automaton", "--seeds", "0", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert "ladder_pointer lay out no chain" in out and "ladder_automaton lay out" not in out
+    with pytest.raises(Stop):
+        demo.main(["--envs", "ladder_pointer", "--seeds", "0", "--jobs", "1", "--targets", "steps"])
+    assert "no dense targets" not in capsys.readouterr().out
