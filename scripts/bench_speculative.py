@@ -1,6 +1,6 @@
 """Self-speculative decoding (k=1 drafts gamma tokens, k=K verifies): acceptance per environment, speed-up.
 
-    python scripts/bench_speculative.py --model CKPT [--envs arith_multidigit expr_eval] [--k 4 --gamma 4]
+    python scripts/bench_speculative.py --model CKPT [--envs arith_multidigit expr_eval] [--k 4 --gamma 4] [--vllm]
 
 For each environment it samples --prompts task prompts, decodes each (batch 1, temperature 1,
 stopping at the checkpoint's stop tokens) with plain k=K `generate()` and with the
@@ -8,6 +8,11 @@ self-speculative decoder, and prints the draft acceptance rate, tokens per verif
 and the request-time speed-up. The output distribution is the same by construction (exact
 rejection sampling; tests/model/test_speculative.py counts it). Without --model a random model
 is built: its acceptance rate says nothing about a trained one. Timings on a shared machine are noisy.
+
+--vllm adds the same comparison inside vLLM (`EngineOptions.speculative_tokens`: the checkpoint at
+k=1 is the draft of vLLM's draft-model method), greedy only: vLLM-CPU's speculative sampling is not
+exact (tests/rollout/test_speculative_engine.py). It prints the acceptance rate, how many greedy
+outputs equal plain decoding's, and the speed-up one request at a time and for the batch.
 """
 
 from __future__ import annotations
@@ -31,7 +36,57 @@ def parse_args(argv):
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--vllm", action="store_true",
+                   help="also vLLM: a plain k=K engine against one whose k=1 view drafts (greedy; vLLM-CPU's "
+                        "speculative sampling is not exact, so the engine refuses temperature > 0 there)")
     return p.parse_args(argv)
+
+
+def bench_vllm(path: str, args, codec, prompts_by_env: dict[str, list[list[int]]]) -> dict:
+    """Greedy decoding time at k=K: plain engine vs self-speculative engine, one request at a time and all at once."""
+    from elr_rl.rollout.engine import EngineOptions, RolloutEngine
+
+    stops = list(codec.stop_token_ids)
+    longest = max(len(p) for ps in prompts_by_env.values() for p in ps) + args.max_tokens
+    runs: dict[str, dict] = {}
+    for label, gamma in (("plain", 0), ("speculative", args.gamma)):
+        opts = EngineOptions(max_model_len=longest, max_num_seqs=max(len(ps) for ps in prompts_by_env.values()),
+                             cpu_threads=args.threads, speculative_tokens=gamma)
+        engine = RolloutEngine(path, k=args.k, cache_mode="per_loop", options=opts)
+        try:
+            engine.generate([prompts_by_env[args.envs[0]][0]], max_tokens=4, temperature=0.0)  # warm-up
+            for name, prompts in prompts_by_env.items():
+                before = engine.speculative_stats()
+                t = time.perf_counter()
+                one = [engine.generate([p], max_tokens=args.max_tokens, temperature=0.0, stop_token_ids=stops)[0]
+                       for p in prompts]
+                one_s = time.perf_counter() - t
+                t = time.perf_counter()
+                batch = engine.generate(prompts, max_tokens=args.max_tokens, temperature=0.0, stop_token_ids=stops)
+                batch_s = time.perf_counter() - t
+                after = engine.speculative_stats()
+                drafted = after.get("draft_tokens", 0.0) - before.get("draft_tokens", 0.0)
+                accepted = after.get("accepted_tokens", 0.0) - before.get("accepted_tokens", 0.0)
+                runs.setdefault(name, {})[label] = {
+                    "one_s": one_s, "batch_s": batch_s, "acceptance": accepted / drafted if drafted else None,
+                    "tokens": sum(len(g.completions[0].token_ids) for g in one),
+                    "outputs": [g.completions[0].token_ids for g in one] + [g.completions[0].token_ids for g in batch],
+                }
+        finally:
+            engine.shutdown()
+    rows = {}
+    for name, r in runs.items():
+        plain, spec = r["plain"], r["speculative"]
+        rows[name] = {"acceptance": round(spec["acceptance"] or 0.0, 3),
+                      "same_outputs": sum(a == b for a, b in zip(plain["outputs"], spec["outputs"])),
+                      "outputs": len(plain["outputs"]), "tokens": plain["tokens"],
+                      "speedup_one_request": round(plain["one_s"] / spec["one_s"], 2),
+                      "speedup_batch": round(plain["batch_s"] / spec["batch_s"], 2)}
+        x = rows[name]
+        print(f"vLLM {name:23s} acceptance {x['acceptance']:.2f}  same greedy outputs {x['same_outputs']}/{x['outputs']}  "
+              f"speed-up one request at a time x{x['speedup_one_request']}  batch of {len(prompts_by_env[name])} "
+              f"x{x['speedup_batch']}")
+    return rows
 
 
 def random_checkpoint(path: str) -> None:
@@ -84,8 +139,13 @@ def main(argv=None) -> int:
         r["speedup"] = round(r["plain_ms_per_token"] / r["spec_ms_per_token"], 2)
         print(f"{name:28s} acceptance {r['acceptance']:.2f}  tokens/round {r['tokens_per_round']:.2f}  "
               f"plain {r['plain_ms_per_token']} ms/token  speculative {r['spec_ms_per_token']} ms/token  x{r['speedup']}")
-    print(json.dumps({"model": args.model or "random", "params": model.num_parameters(), "k": args.k,
-                      "gamma": args.gamma, "envs": rows}))
+    result = {"model": args.model or "random", "params": model.num_parameters(), "k": args.k,
+              "gamma": args.gamma, "envs": rows}
+    if args.vllm:
+        prompts = {name: [codec.prompt_ids(get_env(name).generate(seed, args.difficulty).prompt)
+                          for seed in range(args.prompts)] for name in args.envs}
+        result["vllm_greedy"] = bench_vllm(path, args, codec, prompts)
+    print(json.dumps(result))
     tmp.cleanup()
     return 0
 

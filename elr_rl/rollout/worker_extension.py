@@ -54,6 +54,11 @@ class LoopedWorkerExtension:
         start = time.perf_counter()
         weights = load_file(path)  # CPU tensors; the loader copies them onto the model's device
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        draft = getattr(getattr(self.model_runner, "drafter", None), "model", None)
+        if draft is not None and hasattr(draft, "expected_shapes"):  # a self-speculative draft: the same weights
+            draft.load_weights(iter(weights.items()))
+            if set(draft.expected_shapes) - draft.last_loaded:
+                raise RuntimeError(f"draft weight reload incomplete: {sorted(set(draft.expected_shapes) - draft.last_loaded)[:5]}")
         seconds = time.perf_counter() - start
         not_loaded = set(model.expected_shapes) - model.last_loaded
         placeholders = [n for n, p in model.named_parameters() if p.is_meta]

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from elr_rl.rollout.engine import RolloutEngine, kv_bytes_per_token_bound, mode_engine_args
+from elr_rl.rollout.engine import EngineOptions, RolloutEngine, kv_bytes_per_token_bound, mode_engine_args
 from elr_rl.rollout.worker_extension import weight_mismatches
 from tests.rollout.conftest import elr_config, save_random
 
@@ -50,6 +50,12 @@ def test_engine_refuses_bad_arguments_before_starting(tmp_path):
         RolloutEngine(tmp_path, k=1, cache_mode="sometimes")
     with pytest.raises(ValueError, match="no config.json"):
         RolloutEngine(tmp_path / "nowhere", k=1)
+    with pytest.raises(ValueError, match="per_loop"):  # verifying several tokens at once changes last_loop results
+        RolloutEngine(tmp_path, k=4, cache_mode="last_loop", options=EngineOptions(speculative_tokens=4))
+    with pytest.raises(ValueError, match="speculative_draft_k"):  # the draft must run fewer loops
+        RolloutEngine(tmp_path, k=2, options=EngineOptions(speculative_tokens=4, speculative_draft_k=2))
+    with pytest.raises(ValueError, match="speculative_tokens"):
+        RolloutEngine(tmp_path, k=4, options=EngineOptions(speculative_tokens=-1))
 
 
 def test_importing_rollout_does_not_import_vllm():
