@@ -1,4 +1,8 @@
-"""`elr-rl eval CHECKPOINT --envs a,b --k 1,2,3,4`: pass@1 and response tokens per k (table + JSON)."""
+"""`elr-rl eval CHECKPOINT --envs a,b --k 1,2,3,4`: pass@1 and response tokens per k (table + JSON).
+
+`--loop-probe` instead reads out after every loop of one max(k)-loop pass, teacher-forced on the
+reference response: per environment and difficulty, the answer's accuracy and (ladder
+environments) each serial step's dense-target accuracy per loop (elr_rl.eval.loop_probe)."""
 
 from __future__ import annotations
 
@@ -34,7 +38,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--allow-weaker-tier", action="store_true",
                    help="accept a weaker sandbox tier when --sandbox-tier cannot run here (printed)")
     p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--loop-probe", action="store_true",
+                   help="per-loop teacher-forced readout accuracy of one max(--k)-loop pass (PyTorch, no engine): "
+                        "where the loops stop carrying out serial steps")
+    p.add_argument("--device", default="cpu", help="torch device of --loop-probe")
     args = p.parse_args(argv)
+    if args.loop_probe:
+        return _loop_probe(args)
     from elr_rl.eval.evaluate import EvalConfig, evaluate, format_table
     from elr_rl.text import ChatOptions
     from environments.sandbox_tier import SandboxConfig, SandboxUnavailable
@@ -60,4 +70,26 @@ def main(argv: list[str]) -> int:
     if args.json:
         Path(args.json).write_text(payload)
     print(payload)
+    return 0
+
+
+def _loop_probe(args) -> int:
+    from elr_rl.eval.loop_probe import format_probe, probe
+
+    if not (Path(args.checkpoint) / "config.json").is_file():
+        print(f"elr-rl eval: {args.checkpoint!r} is not a checkpoint folder (no config.json)")
+        return 2
+    try:
+        ks = _ints(args.k, "--k")
+        if not ks:
+            raise ValueError("--k names no loop count")
+        rows = probe(args.checkpoint, [e for e in args.envs.split(",") if e], _ints(args.difficulty, "--difficulty"),
+                     args.num_tasks, seed_offset=args.seed_offset, loops=max(ks), device=args.device)
+    except ValueError as exc:
+        print(f"elr-rl eval: {exc}")
+        return 2
+    print(format_probe(rows, f"loop probe of {args.checkpoint}: teacher-forced accuracy of the readout after each "
+                             f"loop of one {max(ks)}-loop pass ({args.num_tasks} held-out tasks a row)"))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=2))
     return 0

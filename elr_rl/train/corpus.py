@@ -124,8 +124,6 @@ class EnvironmentSource:
         self.wrong_answer_fraction = wrong_answer_fraction
 
     def document(self, index: int, difficulty: int) -> Document:
-        from environments.base import split_worked
-
         if hasattr(self.env, "sft_pair"):  # a dataset environment: its prompt and response_key columns
             prompt, response, system = self.env.sft_pair(index)
             return Document(prompt, response, system=system)
@@ -134,19 +132,26 @@ class EnvironmentSource:
         if self.wrong_answer_fraction:  # documents 2i and 2i + 1 share a task (MixedSource pairs them)
             index, second = divmod(index, 2)
         task = self.env.generate(seed=self.seed * 1_000_003 + index, difficulty=min(max(difficulty, lo), hi))
-        prompt, response = split_worked(task, self.env.worked_solution(task))
-        if second and random.Random(f"{self.seed}:{index}").random() < 2 * self.wrong_answer_fraction:
-            response = self.env.bad_answers(task)[0]  # well-formed, scores 0
-        # Rendered by the chat template as a user turn and an assistant turn, exactly as rollouts render
-        # prompts (elr_rl.text), so no newline padding on either side.
-        doc = Document(prompt.rstrip("\n"), response.strip("\n"))
-        from environments.ladder.base import LadderEnvironment
+        wrong = second and random.Random(f"{self.seed}:{index}").random() < 2 * self.wrong_answer_fraction
+        return task_document(self.env, task, self.env.bad_answers(task)[0] if wrong else None)  # wrong: scores 0
 
-        if isinstance(self.env, LadderEnvironment) and response == self.env.reference_solution(task):
-            n = self.env.steps_needed(task)  # per-step targets for loop_aux and difficulty-aware sampling
-            doc = replace(doc, steps=n, step_responses=tuple(self.env.step_solution(task, s) for s in range(1, n + 1)),
-                          dense_targets=tuple(self.env.dense_targets(task)))
-        return doc
+
+def task_document(env, task, response: str | None = None) -> Document:
+    """A generated task as an SFT document: its prompt and the environment's worked response (or
+    `response`); a ladder task answered correctly also carries its per-step and dense targets."""
+    from environments.base import split_worked
+    from environments.ladder.base import LadderEnvironment
+
+    prompt, worked = split_worked(task, env.worked_solution(task))
+    response = worked if response is None else response
+    # Rendered by the chat template as a user turn and an assistant turn, exactly as rollouts render
+    # prompts (elr_rl.text), so no newline padding on either side.
+    doc = Document(prompt.rstrip("\n"), response.strip("\n"))
+    if isinstance(env, LadderEnvironment) and response == env.reference_solution(task):
+        n = env.steps_needed(task)  # per-step targets for loop_aux and difficulty-aware sampling
+        doc = replace(doc, steps=n, step_responses=tuple(env.step_solution(task, s) for s in range(1, n + 1)),
+                      dense_targets=tuple(env.dense_targets(task)))
+    return doc
 
 
 _BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
