@@ -15,7 +15,8 @@ Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile
 Evaluation: greedy pass@1 on held-out seeds at each D of `--difficulties` (D = 1: one step, any k
 should do; D = 3: the top of the training range), k = 1..4, `--tasks` tasks a cell. It ends with the
 goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3 environments, on every seed,
-and the environments where loop-wise k = 4 beats the baseline's best k by 15 points on every seed.
+and the environments where loop-wise k = 4 beats the baseline's best k by 15 points on every seed;
+then, per seed, where the loop-wise model's depth stops (`elr-rl eval --loop-probe` at the top D).
 Seeds run side by side (`--jobs`), each command on one thread; every command's output goes to a log
 in its stage's folder, and a stage that fails stops the demo with the end of its log.
 """
@@ -29,7 +30,7 @@ import sys
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ENVS = ["ladder_pointer", "ladder_binding", "ladder_automaton", "ladder_nested"]
@@ -68,6 +69,7 @@ class SeedRun:
     envs: tuple[str, ...] = tuple(DEFAULT_ENVS)  # the ladder environments trained and evaluated
     max_difficulty: int = 3  # training documents have D = 1..max_difficulty serial steps
     targets: str = "dense"  # loop_aux.targets of the loop-wise model
+    probe_rows: list = field(default_factory=list)  # the loop-wise model's `eval --loop-probe` rows
 
     def run(self, title: str, args: list[str], log: Path) -> None:
         cli(f"seed {self.seed}: {title}", args, log, self.threads)
@@ -89,6 +91,16 @@ class SeedRun:
                                       "--max-new-tokens", "24", "--json", str(path)], out / "eval.log")
         rows = json.loads(path.read_text())
         return {d: [r for r in rows if r["difficulty"] == d] for d in self.difficulties}
+
+    def loop_probe(self, ckpt: Path, out: Path) -> list[dict]:
+        """`elr-rl eval --loop-probe` at the top evaluated difficulty: per-loop teacher-forced accuracy of the
+        answer and of each serial step (where the loops stop carrying out steps)."""
+        path, d = out / "loop_probe.json", max(self.difficulties)
+        self.run(f"loop probe {out.name}", ["eval", str(ckpt), "--loop-probe", "--envs", ",".join(self.envs),
+                                            "--k", ",".join(map(str, KS)), "--difficulty", str(d),
+                                            "-n", str(min(self.tasks, 128)), "--json", str(path)],
+                 out / "loop_probe.log")
+        return json.loads(path.read_text())
 
     def rl_stages(self, base: Path, rl_steps: int, sft_steps_per_rl_step: int) -> dict[str, dict]:
         """profile, then GRPO (curriculum alpha 0.3 and uniform k) and continued SFT, each from `base`."""
@@ -118,6 +130,7 @@ class SeedRun:
         final_only = self.sft("final_only", steps, FINAL_ONLY, "SFT baseline, final answer only, uniform k")
         results = {"loopwise": self.evaluate(loopwise, self.root / "loopwise"),
                    "final_only": self.evaluate(final_only, self.root / "final_only")}
+        self.probe_rows = self.loop_probe(loopwise, self.root / "loopwise")
         if rl:
             results.update(self.rl_stages(loopwise, rl_steps, 1))
         return results
@@ -164,6 +177,23 @@ def report(results: dict[int, dict[str, dict]], seconds: float, difficulties: li
     return summary
 
 
+def probe_report(probes: dict[int, list[dict]]) -> None:
+    """Per seed and environment, the loop-wise model's teacher-forced answer accuracy after each loop and each
+    serial step's accuracy at the loop that first has to know it (from `SeedRun.loop_probe`)."""
+    if not any(probes.values()):
+        return
+    d = next(r["difficulty"] for rows in probes.values() for r in rows)
+    print(f"\n== where the loop-wise model's depth stops, D={d} (`elr-rl eval CKPT --loop-probe`: teacher-forced "
+          "readout after each loop of one 4-loop pass)")
+    for seed, rows in sorted(probes.items()):
+        for env in dict.fromkeys(r["env"] for r in rows):
+            mine = {r["target"]: r["accuracy"] for r in rows if r["env"] == env}
+            steps = sorted((int(t.split()[1]), acc) for t, acc in mine.items() if t.startswith("step "))
+            fmt = lambda a: "-" if a is None else f"{a:.2f}"  # noqa: E731
+            print(f"seed {seed}  {env:<18} answer after loop 1..4: {'/'.join(fmt(a) for a in mine['answer'])}"
+                  + (f"   step s after loop s: {' '.join(fmt(acc[s - 1]) for s, acc in steps)}" if steps else ""))
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m elr_rl.depth_demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -206,6 +236,7 @@ def main(argv: list[str]) -> int:
         results = {s: f.result() for s, f in zip(seeds, futures)}
     seconds = time.perf_counter() - t0
     met = report(results, seconds, runs[0].difficulties, envs)
+    probe_report({r.seed: r.probe_rows for r in runs})
     (run / "summary.json").write_text(json.dumps({"seconds": seconds, "goal_met_envs": met,
                                                   "results": {str(s): r for s, r in results.items()}}, indent=1))
     return 0

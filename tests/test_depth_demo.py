@@ -90,10 +90,12 @@ def test_loopwise_model_gets_the_chosen_targets_and_the_baseline_none(tmp_path, 
     calls = []
     monkeypatch.setattr(demo, "cli", lambda title, args, log, threads=None: calls.append(args))
     monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, ckpt, out: {})
+    monkeypatch.setattr(demo.SeedRun, "loop_probe", lambda self, ckpt, out: calls.append(["probe", ckpt]) or [])
     for targets in ("dense", "steps"):
         calls.clear()
         demo.SeedRun(tmp_path, 0, 8, [2], targets=targets).pipeline(10, rl=False, rl_steps=0)
-        loopwise, final_only = calls
+        loopwise, final_only, probe = calls
+        assert probe == ["probe", tmp_path / "loopwise" / "final"]  # the loop-wise model is probed
         assert f"loop_aux.targets={targets}" in loopwise and "loop_aux.weight=0" not in loopwise
         assert "loop_aux.weight=0" in final_only and not any(a.startswith("loop_aux.targets") for a in final_only)
         assert "data.generators=[env:ladder_binding,env:ladder_automaton,env:ladder_nested]" in loopwise
@@ -118,3 +120,16 @@ def test_dense_demo_names_the_environments_without_dense_targets(monkeypatch, ca
     with pytest.raises(Stop):
         demo.main(["--envs", "ladder_pointer", "--seeds", "0", "--jobs", "1", "--targets", "steps"])
     assert "no dense targets" not in capsys.readouterr().out
+
+
+def test_probe_report_prints_each_step_at_the_loop_that_first_has_to_know_it(capsys):
+    from elr_rl.depth_demo import probe_report
+
+    rows = [{"env": "ladder_automaton", "difficulty": 3, "target": "answer", "accuracy": [0.39, 0.7, 0.97, 0.96]},
+            {"env": "ladder_automaton", "difficulty": 3, "target": "step 1", "accuracy": [1.0, 1.0, 1.0, 1.0]},
+            {"env": "ladder_automaton", "difficulty": 3, "target": "step 2", "accuracy": [None, 0.99, 1.0, 1.0]},
+            {"env": "ladder_automaton", "difficulty": 3, "target": "step 3", "accuracy": [None, None, 0.45, 0.5]}]
+    probe_report({0: rows})
+    out = capsys.readouterr().out
+    assert "D=3" in out and "answer after loop 1..4: 0.39/0.70/0.97/0.96" in out
+    assert "step s after loop s: 1.00 0.99 0.45" in out
