@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from elr_rl.eval.cli import main as eval_main
-from elr_rl.eval.loop_probe import _Doc, _encode, score_readouts
+from elr_rl.eval.loop_probe import ProbeRow, _Doc, _encode, format_probe, score_readouts
 
 
 def _logits(T: int, V: int, argmax: dict[int, int]) -> torch.Tensor:
@@ -76,3 +76,16 @@ def test_loop_probe_cli_prints_and_writes_rows_per_env_difficulty_and_loop(toy_c
 def test_loop_probe_refuses_a_difficulty_the_environment_does_not_have(toy_checkpoint, capsys):
     assert eval_main([str(toy_checkpoint), "--loop-probe", "--envs", "ladder_automaton", "--difficulty", "99"]) == 2
     assert "outside" in capsys.readouterr().out
+
+
+def test_a_dense_target_on_no_single_token_is_counted_and_shown_not_dropped():
+    from elr_rl.text import TextCodec
+    from elr_rl.train.corpus import Document
+
+    doc = Document("a=1 b=a b?", "<answer>1</answer>", dense_targets=((3, 1, "1"), (7, 2, "12")))  # "12": two bytes
+    enc = _encode(doc, TextCodec.byte_level())
+    assert enc.unplaced == 1 and [v for targets in enc.dense.values() for _, v in targets] == [ord("1")]
+    rows = [ProbeRow("ladder_x", 2, "answer", [1, 1], [2, 2], unplaced=1), ProbeRow("ladder_x", 2, "step 10", [0, 1], [0, 2])]
+    text = format_probe(rows, "t")
+    assert "ladder_x D=2: 1 dense targets sit on no single token" in text and "step 10" in text
+    assert rows[0].as_dict()["unplaced_dense_targets"] == 1

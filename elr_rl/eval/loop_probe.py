@@ -31,13 +31,14 @@ class ProbeRow:
     target: str  # "answer" or "step s"
     hits: list[int]  # per loop 1..K
     counts: list[int]  # per loop (0: not scored at that loop)
+    unplaced: int = 0  # (answer rows) dense targets that sit on no single token of this tokenizer: not scored
 
     def accuracy(self) -> list[float | None]:
         return [h / c if c else None for h, c in zip(self.hits, self.counts)]
 
     def as_dict(self) -> dict:
         return {"env": self.env, "difficulty": self.difficulty, "target": self.target,
-                "accuracy": self.accuracy(), "count": max(self.counts)}
+                "accuracy": self.accuracy(), "count": max(self.counts), "unplaced_dense_targets": self.unplaced}
 
 
 @dataclass
@@ -45,6 +46,7 @@ class _Doc:
     ids: list[int]
     answer_at: list[int]  # response token positions t (predicted at t - 1)
     dense: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # token -> [(depth, value id)] by end
+    unplaced: int = 0  # dense targets whose value is not one token or whose prompt position was not found
 
 
 def _encode(doc, codec) -> _Doc:
@@ -55,10 +57,13 @@ def _encode(doc, codec) -> _Doc:
     out = _Doc(ids, [t for t in range(1, len(ids)) if mask[t]])
     targets = sorted(doc.dense_targets)
     where = prompt_positions(codec, doc, [e for e, _, _ in targets]) if targets else None
+    out.unplaced = len(targets) if where is None else 0
     for (_, depth, value), t in zip(targets, where or ()):
         vid = codec.encode_text(value)
         if len(vid) == 1 and 0 <= t < len(ids) - 1:
             out.dense.setdefault(t, []).append((depth, vid[0]))
+        else:
+            out.unplaced += 1
     return out
 
 
@@ -105,6 +110,7 @@ def probe(checkpoint: str, envs: list[str], difficulties: list[int], num_tasks: 
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     rows: dict = {}
     order: list = []
+    unplaced: dict = {}
     jobs = [(name, d) for name in resolve_envs(envs) for d in difficulties]
     for name, d in tqdm(jobs, desc="loop probe", disable=not progress):
         env = get_env(name)
@@ -124,10 +130,13 @@ def probe(checkpoint: str, envs: list[str], difficulties: list[int], num_tasks: 
                 readouts = model(ids.to(device), k=K, loop_readouts=True)
             score_readouts(chunk, [r.float().cpu() for r in readouts], rows, (name, d))
         order.append((name, d))
+        unplaced[(name, d)] = sum(x.unplaced for x in docs)
     out = []
     for key in order:
-        targets = sorted((t for (k, t) in rows if k == key), key=lambda t: (t != "answer", t))
-        out.extend(ProbeRow(key[0], key[1], t, *rows[(key, t)]) for t in targets)
+        targets = sorted((t for (k, t) in rows if k == key),
+                         key=lambda t: (t != "answer", 0 if t == "answer" else int(t.split()[-1])))
+        out.extend(ProbeRow(key[0], key[1], t, *rows[(key, t)], unplaced=unplaced[key] if t == "answer" else 0)
+                   for t in targets)
     return out
 
 
@@ -139,5 +148,7 @@ def format_probe(rows: list[ProbeRow], title: str) -> str:
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = [title, "  ".join(h.ljust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in body]
+    lines += [f"{r.env} D={r.difficulty}: {r.unplaced} dense targets sit on no single token of this tokenizer "
+              "(not scored)" for r in rows if r.unplaced]
     return "\n".join(lines)
 
