@@ -89,3 +89,30 @@ def test_a_dense_target_on_no_single_token_is_counted_and_shown_not_dropped():
     text = format_probe(rows, "t")
     assert "ladder_x D=2: 1 dense targets sit on no single token" in text and "step 10" in text
     assert rows[0].as_dict()["unplaced_dense_targets"] == 1
+
+
+
+def test_each_loops_readout_in_a_padded_batch_is_the_model_at_that_k_on_the_task_alone(toy_checkpoint, monkeypatch):
+    """The probe scores, for loop i, exactly the logits of the model run with k = i on the unpadded task."""
+    import elr_rl.eval.loop_probe as lp
+    from elr_rl.model import LoopedForCausalLM
+
+    seen = []
+    real = lp.score_readouts
+    monkeypatch.setattr(lp, "score_readouts", lambda docs, readouts, rows, key: (seen.append((docs, readouts)),
+                                                                                 real(docs, readouts, rows, key)))
+    rows = lp.probe(str(toy_checkpoint), ["even_odd", "ladder_automaton"], [1, 2], 6, seed_offset=700, loops=3,
+                    batch_size=4, progress=False)
+    model = LoopedForCausalLM.from_pretrained(toy_checkpoint).eval()
+    assert not model.config.loop_conditioning  # else loop i of a 3-loop pass is not the model at k = i
+    lengths = set()
+    for docs, readouts in seen:
+        assert len(readouts) == 3
+        for b, doc in enumerate(docs):
+            lengths.add(len(doc.ids))
+            with torch.no_grad():
+                for k in (1, 2, 3):
+                    alone = model(torch.tensor([doc.ids]), k=k)[0]
+                    assert torch.allclose(readouts[k - 1][b, :len(doc.ids)], alone, atol=1e-4), (k, b)
+    assert len(seen) == 8 and len(lengths) > 1  # 4 (env, D) jobs of 6 tasks in batches of 4; padding was used
+    assert sum(r.counts[0] for r in rows if r.target == "answer") == 24

@@ -90,6 +90,9 @@ def _loop_probe(args) -> int:
         return 2
     print(format_probe(rows, f"loop probe of {args.checkpoint}: teacher-forced accuracy of the readout after each "
                              f"loop of one {max(ks)}-loop pass ({args.num_tasks} held-out tasks a row)"))
+    if json.loads((Path(args.checkpoint) / "config.json").read_text()).get("loop_conditioning"):
+        print("note: this checkpoint conditions its loops on the loop count, so loop i's readout of a "
+              f"{max(ks)}-loop pass is not the model run at k = i")
     if args.json:
         Path(args.json).write_text(json.dumps([r.as_dict() for r in rows], indent=2))
     return 0
