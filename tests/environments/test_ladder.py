@@ -87,5 +87,6 @@ def test_nested_matches_python_arithmetic():
     env = get_env("ladder_nested")
     for seed in range(10):
         task = env.generate(seed, 6)
-        expr = task.prompt.split("%10?")[0]
-        assert str(eval(expr) % 10) == task.answer  # our own generated text, never model output
+        expr, mod = task.prompt.removesuffix("?").rsplit("%", 1)
+        assert str(eval(expr) % int(mod)) == task.answer  # our own generated text, never model output
+        assert set(task.prompt) <= set("()+-*%?0123456789") and len(task.prompt) <= 6 * 4 + 4
