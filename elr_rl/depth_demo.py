@@ -1,14 +1,15 @@
 """Elastic depth on the ladder: SFT -> (profile -> RL) -> held-out pass@1 per environment and k, two seeds.
 
     python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 1200] [--tasks 256] [--difficulties 1,2,3]
-                                [--envs ladder_automaton,...] [--max-difficulty 3] [--targets dense]
+                                [--envs ladder_automaton,...] [--max-difficulty 3] [--targets chain]
                                 [--rl [--rl-steps 30]] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
-  loopwise    SFT with the loop-wise auxiliary loss, one K-loop pass per microbatch, on dense targets
-              (each step's value where the prompt lays it out; `--targets steps`: the answer after
-              min(i, D) steps at the answer)
+  loopwise    SFT with the loop-wise auxiliary loss, one K-loop pass per microbatch, on chain targets
+              (each step's value where the prompt lays it out, and below its depth the partial value
+              each loop can hold there; `--targets dense`: without the partial ones; `--targets steps`:
+              the answer after min(i, D) steps at the answer)
   final_only  the baseline of the same steps and data: final-answer loss only, k ~ Uniform{1..K}
   with --rl, from `loopwise`: GRPO with the loop curriculum (alpha = 0.3), GRPO with uniform random k
   (alpha = 0), and continued SFT for as many optimizer steps (equal steps, not equal FLOPs).
@@ -35,7 +36,7 @@ from pathlib import Path
 
 ENVS = ["ladder_pointer", "ladder_binding", "ladder_automaton", "ladder_nested"]
 DEFAULT_ENVS = ["ladder_binding", "ladder_automaton", "ladder_nested"]  # the ones with dense targets
-TARGETS = ("dense", "steps")
+TARGETS = ("dense", "chain", "steps")
 KS = [1, 2, 3, 4]
 GOAL_GAP, GOAL_ENVS = 0.15, 3
 # The baseline: the same data and steps, the final answer's loss only, k ~ Uniform{1..K} per microbatch.
@@ -68,7 +69,7 @@ class SeedRun:
     threads: int | None = None  # OMP_NUM_THREADS of its commands (1 when seeds run side by side)
     envs: tuple[str, ...] = tuple(DEFAULT_ENVS)  # the ladder environments trained and evaluated
     max_difficulty: int = 3  # training documents have D = 1..max_difficulty serial steps
-    targets: str = "dense"  # loop_aux.targets of the loop-wise model
+    targets: str = "chain"  # loop_aux.targets of the loop-wise model
     probe_rows: list = field(default_factory=list)  # the loop-wise model's `eval --loop-probe` rows
 
     def run(self, title: str, args: list[str], log: Path) -> None:
@@ -204,7 +205,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--difficulties", default="1,2,3", help="task difficulties (serial steps) evaluated")
     p.add_argument("--envs", default=",".join(DEFAULT_ENVS), help="ladder environments to train and evaluate")
     p.add_argument("--max-difficulty", type=int, default=3, help="training documents have D = 1..this serial steps")
-    p.add_argument("--targets", default="dense", choices=TARGETS, help="loop_aux.targets of the loop-wise model")
+    p.add_argument("--targets", default="chain", choices=TARGETS, help="loop_aux.targets of the loop-wise model")
     p.add_argument("--rl", action="store_true", help="also profile -> RL (alpha 0.3 and 0) and continued SFT")
     p.add_argument("--rl-steps", type=int, default=30)
     p.add_argument("--jobs", type=int, default=2,
@@ -219,7 +220,7 @@ def main(argv: list[str]) -> int:
     if not envs or unknown:
         raise SystemExit(f"depth_demo: --envs {args.envs!r}: choose from the ladder environments {', '.join(ENVS)} "
                          "(they carry the per-step targets the loop-wise loss needs)")
-    if args.targets == "dense":
+    if args.targets in ("dense", "chain"):
         from environments.registry import get_env
 
         plain = [e for e in envs if not get_env(e).dense_targets(get_env(e).generate(0, 1))]

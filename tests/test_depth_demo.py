@@ -91,7 +91,7 @@ def test_loopwise_model_gets_the_chosen_targets_and_the_baseline_none(tmp_path, 
     monkeypatch.setattr(demo, "cli", lambda title, args, log, threads=None: calls.append(args))
     monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, ckpt, out: {})
     monkeypatch.setattr(demo.SeedRun, "loop_probe", lambda self, ckpt, out: calls.append(["probe", ckpt]) or [])
-    for targets in ("dense", "steps"):
+    for targets in ("dense", "chain", "steps"):
         calls.clear()
         demo.SeedRun(tmp_path, 0, 8, [2], targets=targets).pipeline(10, rl=False, rl_steps=0)
         loopwise, final_only, probe = calls

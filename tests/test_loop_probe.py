@@ -63,12 +63,14 @@ def test_loop_probe_cli_prints_and_writes_rows_per_env_difficulty_and_loop(toy_c
     keys = [(r["env"], r["difficulty"], r["target"]) for r in rows]
     assert keys == [("ladder_automaton", 1, "answer"), ("ladder_automaton", 1, "step 1"),
                     ("ladder_automaton", 2, "answer"), ("ladder_automaton", 2, "step 1"), ("ladder_automaton", 2, "step 2"),
-                    ("even_odd", 1, "answer"), ("even_odd", 2, "answer")]
+                    ("ladder_automaton", 2, "partial"), ("even_odd", 1, "answer"), ("even_odd", 2, "answer")]
     for r in rows:
         assert len(r["accuracy"]) == 3 and r["count"] == 6  # one 3-loop pass, six tasks (one target each)
         acc = r["accuracy"]
         if r["target"] == "step 2":
             assert acc[0] is None and all(a is not None for a in acc[1:])  # loop 1 is not asked a depth-2 value
+        elif r["target"] == "partial":
+            assert acc[0] is not None and acc[1:] == [None, None]  # D = 2: the second move's map, after loop 1 only
         else:
             assert all(0.0 <= a <= 1.0 for a in acc)
 
@@ -87,9 +89,28 @@ def test_a_dense_target_on_no_single_token_is_counted_and_shown_not_dropped():
     assert enc.unplaced == 1 and [v for targets in enc.dense.values() for _, v in targets] == [ord("1")]
     rows = [ProbeRow("ladder_x", 2, "answer", [1, 1], [2, 2], unplaced=1), ProbeRow("ladder_x", 2, "step 10", [0, 1], [0, 2])]
     text = format_probe(rows, "t")
-    assert "ladder_x D=2: 1 dense targets sit on no single token" in text and "step 10" in text
+    assert "ladder_x D=2: 1 dense or partial targets sit on no single token" in text and "step 10" in text
     assert rows[0].as_dict()["unplaced_dense_targets"] == 1
 
+
+def test_partial_targets_are_scored_at_their_own_loop_only():
+    from elr_rl.text import TextCodec
+    from elr_rl.train.corpus import Document
+
+    codec = TextCodec.byte_level()
+    doc = Document("at 2 do RL?", "<answer>2</answer>", steps=2, dense_targets=((9, 1, "3"), (10, 2, "2")),
+                   partial_targets=((10, 1, "a"),))
+    enc = _encode(doc, codec)
+    (t, loop, value), = enc.partial
+    assert loop == 1 and value == ord("a") and t in enc.dense  # on the token of the second move
+    V, T = codec.vocab_size, len(enc.ids)
+    readouts = [torch.zeros(1, T, V) for _ in range(3)]
+    readouts[0][0, t, ord("a")] = 1.0  # loop 1 holds the composed map: right
+    readouts[1][0, t, ord("a")] = 1.0  # loop 2 still holds it: the partial is not asked of loop 2 (step 2 is)
+    rows: dict = {}
+    score_readouts([enc], readouts, rows, "k")
+    assert rows[("k", "partial")] == [[1, 0, 0], [1, 0, 0]]
+    assert rows[("k", "step 2")] == [[0, 0, 0], [0, 1, 1]]
 
 
 def test_each_loops_readout_in_a_padded_batch_is_the_model_at_that_k_on_the_task_alone(toy_checkpoint, monkeypatch):

@@ -10,7 +10,10 @@ the model at k = i). Per environment and difficulty it reports, for every loop i
 * `step s` (ladder environments): the share of dense targets of depth s (the value the
   prompt up to that token gives after s serial steps, `Task.hidden["dense"]`) that loop i
   reads out at their prompt token, for i >= s (the loss of `loop_aux.targets=dense` asks
-  nothing of shallower loops, so they are not scored).
+  nothing of shallower loops, so they are not scored);
+* `partial` (ladder environments that record them): the share of partial targets of loop i
+  (below a dense target's depth, what applying the chain's rule i times gives at that
+  token, `Task.hidden["partial"]`; trained by `loop_aux.targets=chain`) that loop i reads out.
 
 A row such as `step 3: -, -, 0.45, 0.47` says the loops carry out two steps and not a
 third: the accuracy of deeper loops on the answer cannot rise above what the steps give.
@@ -46,6 +49,7 @@ class _Doc:
     ids: list[int]
     answer_at: list[int]  # response token positions t (predicted at t - 1)
     dense: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # token -> [(depth, value id)] by end
+    partial: list[tuple[int, int, int]] = field(default_factory=list)  # (token, loop, value id)
     unplaced: int = 0  # dense targets whose value is not one token or whose prompt position was not found
 
 
@@ -62,6 +66,15 @@ def _encode(doc, codec) -> _Doc:
         vid = codec.encode_text(value)
         if len(vid) == 1 and 0 <= t < len(ids) - 1:
             out.dense.setdefault(t, []).append((depth, vid[0]))
+        else:
+            out.unplaced += 1
+    partial = sorted(getattr(doc, "partial_targets", ()) or ())
+    where = prompt_positions(codec, doc, [e for e, _, _ in partial]) if partial else None
+    out.unplaced += len(partial) if where is None else 0
+    for (_, loop, value), t in zip(partial, where or ()):
+        vid = codec.encode_text(value)
+        if len(vid) == 1 and 0 <= t < len(ids) - 1:
+            out.partial.append((t, loop, vid[0]))
         else:
             out.unplaced += 1
     return out
@@ -90,6 +103,11 @@ def score_readouts(docs: list[_Doc], readouts: list[torch.Tensor], rows: dict, k
                 cell = rows.setdefault((key, f"step {depth}"), [[0] * K, [0] * K])
                 cell[0][i] += int(int(p[t]) == value)
                 cell[1][i] += 1
+            for t, loop, value in doc.partial:
+                if loop == i + 1:
+                    cell = rows.setdefault((key, "partial"), [[0] * K, [0] * K])
+                    cell[0][i] += int(int(p[t]) == value)
+                    cell[1][i] += 1
 
 
 def probe(checkpoint: str, envs: list[str], difficulties: list[int], num_tasks: int, seed_offset: int = 100_000,
@@ -134,7 +152,7 @@ def probe(checkpoint: str, envs: list[str], difficulties: list[int], num_tasks: 
     out = []
     for key in order:
         targets = sorted((t for (k, t) in rows if k == key),
-                         key=lambda t: (t != "answer", 0 if t == "answer" else int(t.split()[-1])))
+                         key=lambda t: (t == "partial", t != "answer", int(t.split()[-1]) if t.startswith("step") else 0))
         out.extend(ProbeRow(key[0], key[1], t, *rows[(key, t)], unplaced=unplaced[key] if t == "answer" else 0)
                    for t in targets)
     return out
@@ -148,7 +166,7 @@ def format_probe(rows: list[ProbeRow], title: str) -> str:
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = [title, "  ".join(h.ljust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in body]
-    lines += [f"{r.env} D={r.difficulty}: {r.unplaced} dense targets sit on no single token of this tokenizer "
+    lines += [f"{r.env} D={r.difficulty}: {r.unplaced} dense or partial targets sit on no single token of this tokenizer "
               "(not scored)" for r in rows if r.unplaced]
     return "\n".join(lines)
 

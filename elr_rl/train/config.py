@@ -201,7 +201,7 @@ class LoopConfig:
             _fail("loops.truncated_backprop", f"got {self.truncated_backprop}", "use n >= 1 loops, or null for all")
 
 
-LOOP_AUX_TARGETS = ("final", "steps", "dense")
+LOOP_AUX_TARGETS = ("final", "steps", "dense", "chain")
 
 
 @dataclass
@@ -222,7 +222,10 @@ class LoopAuxConfig:
     s-th move, the bracket closing level s, a binding line) loop i targets the value there once i is at least
     its depth, and the answer once i >= D (shallower loops get no target there); the last loop's readout is
     in the mean too. One target per step instead of one per document: at tiny scale it learns the ladder's
-    automaton in 1,200 steps, where steps does not (README, elastic depth)."""
+    automaton in 1,200 steps, where steps does not (README, elastic depth). chain (SFT): dense, plus at every
+    loop below a target's depth the partial value that loop can hold there (the automaton's last moves
+    composed into one map, the variable a binding line reaches after that many look-ups), so every link
+    of the chain has a target at every loop; environments without partial targets get dense ones."""
 
     def validate(self) -> None:
         if self.weight < 0:
@@ -233,6 +236,11 @@ class LoopAuxConfig:
     @property
     def enabled(self) -> bool:
         return self.weight > 0
+
+    @property
+    def dense(self) -> bool:
+        """Targets sit on prompt tokens (dense, chain): SFT only; the last loop's readout is in the mean."""
+        return self.targets in ("dense", "chain")
 
 
 @dataclass
@@ -358,7 +366,7 @@ class TrainConfig:
         for part in (self.model, self.optim, self.schedule, self.engine, self.dist, self.loops, self.loop_aux,
                      self.data, self.run):
             part.validate()
-        if self.loop_aux.enabled and self.loop_aux.targets == "dense" and self.stage != "sft":
-            _fail("loop_aux.targets", "dense targets sit on prompt tokens, which pretraining trains as text",
+        if self.loop_aux.enabled and self.loop_aux.dense and self.stage != "sft":
+            _fail("loop_aux.targets", f"{self.loop_aux.targets} targets sit on prompt tokens, which pretraining trains as text",
                   "use stage: sft, or loop_aux.targets=steps")
         check_rank_uniform_depth(self, self.dist.world_size)

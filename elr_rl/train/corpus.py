@@ -31,6 +31,7 @@ class Document:
     steps: int = 0  # serial steps the task needs (ladder environments), for difficulty-aware loop sampling
     step_responses: tuple[str, ...] = ()  # the response after each step (the last is `response`), for loop_aux
     dense_targets: tuple[tuple[int, int, str], ...] = ()  # (prompt chars, depth, value), for loop_aux dense
+    partial_targets: tuple[tuple[int, int, str], ...] = ()  # (prompt chars, loop, value), for loop_aux chain
 
 
 class DocumentSource(Protocol):
@@ -150,7 +151,8 @@ def task_document(env, task, response: str | None = None) -> Document:
     if isinstance(env, LadderEnvironment) and response == env.reference_solution(task):
         n = env.steps_needed(task)  # per-step targets for loop_aux and difficulty-aware sampling
         doc = replace(doc, steps=n, step_responses=tuple(env.step_solution(task, s) for s in range(1, n + 1)),
-                      dense_targets=tuple(env.dense_targets(task)))
+                      dense_targets=tuple(env.dense_targets(task)),
+                      partial_targets=tuple(env.partial_targets(task)))
     return doc
 
 

@@ -72,6 +72,7 @@ class Packer:
     own_targets: Counter = field(default_factory=Counter)  # source -> documents packed without per-loop targets
     loop_targets: int = 0  # K > 0: also pack per-loop targets `loop_labels` [B, K, T] (elr_rl.train.loopwise)
     dense_targets: bool = False  # the loop targets are dense ones (loop_aux.targets=dense; loopwise)
+    partial_targets: bool = False  # dense ones with partial targets below their depth (loop_aux.targets=chain)
     with_steps: bool = False  # also pack `steps` [B]: the most serial steps a sequence's documents need
 
     def __post_init__(self) -> None:
@@ -100,7 +101,8 @@ class Packer:
 
                 tokenize = lambda d: tokenize_document(d, self.codec, self.stage)  # noqa: E731
                 extras, has_targets = document_extras(doc, ids, tokenize, self.loop_targets, self.with_steps,
-                                                      codec=self.codec if self.dense_targets else None)
+                                                      codec=self.codec if self.dense_targets else None,
+                                                      partial=self.partial_targets)
                 if self.loop_targets and not has_targets:
                     self.own_targets[doc.source] += 1  # every loop keeps the document's own targets
                 return [ids, mask, *extras]
@@ -186,6 +188,7 @@ class SourceReport:
     supervised_per_sequence: float  # loss-carrying tokens per packed sequence, from what fits
     loop_targets: float | None = None  # loop_aux per-step/dense targets asked for: share of documents that have them
     dense_per_sequence: float | None = None  # loop_aux dense: prompt-position targets of the last loop per sequence
+    partial_per_sequence: float | None = None  # loop_aux chain: partial targets (of shallower loops) per sequence
 
     def line(self) -> str:
         out = (f"{self.source}: {self.documents} documents sampled, {self.mean_tokens:.0f} tokens on average "
@@ -194,12 +197,15 @@ class SourceReport:
         if self.loop_targets is not None:
             out += f", {self.loop_targets:.0%} with per-loop targets"
         if self.dense_per_sequence is not None:
-            out += f" (~{self.dense_per_sequence:.0f} dense targets per sequence)"
+            out += f" (~{self.dense_per_sequence:.0f} dense targets per sequence"
+            if self.partial_per_sequence is not None:
+                out += f", ~{self.partial_per_sequence:.0f} partial ones over the shallower loops"
+            out += ")"
         return out
 
 
 def preflight(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, n: int = 64,
-              loop_targets: int = 0, dense_targets: bool = False) -> list[SourceReport]:
+              loop_targets: int = 0, dense_targets: bool = False, partial_targets: bool = False) -> list[SourceReport]:
     """Per source: token lengths, the share of documents kept whole, supervised tokens per sequence, and
     with `loop_targets` (K) the share of documents that carry per-loop targets (dense ones per sequence).
 
@@ -221,13 +227,22 @@ def preflight(source: MixedSource, codec: TextCodec, seq_len: int, stage: str, n
             from elr_rl.train.loopwise import DENSE_MARK, document_extras
 
             tokenize = lambda d: tokenize_document(d, codec, stage)  # noqa: E731
-            extras = [document_extras(d, ids, tokenize, loop_targets, False, codec if dense_targets else None)
+            extras = [document_extras(d, ids, tokenize, loop_targets, False, codec if dense_targets else None,
+                                      partial_targets)
                       for d, (ids, _) in zip(docs, enc)]
             rep.loop_targets = sum(has for _, has in extras) / len(extras)
+            dense_only = ([document_extras(d, ids, tokenize, loop_targets, False, codec) for d, (ids, _) in zip(docs, enc)]
+                          if partial_targets else extras)
             if dense_targets:  # the documents that fit, as supervised tokens are counted
                 marks = sum(sum(x <= DENSE_MARK for x in rows[-1]) for (rows, has), (ids, _) in zip(extras, enc)
                             if has and (stage == "pretrain" or len(ids) <= seq_len))
                 rep.dense_per_sequence = marks / sequences if fit else 0.0
+                if partial_targets:
+                    extra = sum(sum(x <= DENSE_MARK for row in rows for x in row) for (rows, has), (ids, _)
+                                in zip(extras, enc) if has and (stage == "pretrain" or len(ids) <= seq_len))
+                    dense_all = sum(sum(x <= DENSE_MARK for row in rows for x in row) for (rows, has), (ids, _)
+                                    in zip(dense_only, enc) if has and (stage == "pretrain" or len(ids) <= seq_len))
+                    rep.partial_per_sequence = (extra - dense_all) / sequences if fit else 0.0
         if stage != "pretrain" and not fit:
             raise ValueError(
                 f"config field `data.seq_len`: no sampled document of {name} fits seq_len={seq_len} tokens "

@@ -154,7 +154,7 @@ class TrainEngine:
 
         readouts = self.engine(batch["input_ids"], k=k, positions=batch.get("positions"),
                                segment_ids=batch.get("segment_ids"), loop_readouts=True)
-        return loop_aux_loss(readouts, batch, self.cfg.loop_aux.weight, dense=self.cfg.loop_aux.targets == "dense")
+        return loop_aux_loss(readouts, batch, self.cfg.loop_aux.weight, dense=self.cfg.loop_aux.dense)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

@@ -18,6 +18,14 @@ then covers every loop, the last included (its prompt positions are not in y):
 
     loss = CE(z_k, y) + w * mean_{i<=k} CE(z_i, y_i)
 
+Chain targets (`targets=chain`, SFT): dense targets plus, where a ladder task records them,
+partial ones (end, loop, value): below a dense target's depth, loop i at that token targets
+what applying the chain's rule i times gives there (the automaton's last i + 1 moves composed
+into one map, the variable a binding line reaches after i look-ups). Every link of the chain
+then has a target at every loop, so the state one loop hands to the next has one meaning at
+every depth (as in the pointer-doubling pilot, where per-loop targets at every node made
+depth pay).
+
 Difficulty-aware loop sampling. A microbatch runs at k = max(k_drawn, min(K, D_max)),
 D_max the most serial steps any of its documents needs: no instance is trained at a
 depth too shallow to solve it.
@@ -107,41 +115,47 @@ def prompt_positions(codec, doc, ends: list[int]) -> list[int] | None:
     return out
 
 
-def dense_target_rows(doc, ids: list[int], codec, K: int) -> list[list[int]] | None:
+def dense_target_rows(doc, ids: list[int], codec, K: int, partial: bool = False) -> list[list[int]] | None:
     """K rows aligned with `ids`, in the packer's id-row form (a row's entry t+1 is position t's target).
 
     Loop i keeps the response only once i >= D (else IGNORE_INDEX) and gets each dense target (end, depth,
     value) with depth <= i at the prompt token holding the first `end` characters; a token holding several
     targets the last of them that loop i can know. None when the document has no dense targets, a value is
     not one token, or a position cannot be located (then every loop keeps the document's own targets).
+    With `partial`, each partial target (end, loop, value) is loop `loop`'s target there (chain targets).
     """
-    targets = sorted(getattr(doc, "dense_targets", ()) or ())  # by end: a token holding several keeps the last
-    if not targets:
+    dense = list(getattr(doc, "dense_targets", ()) or ())
+    if not dense:
         return None
-    D = int(getattr(doc, "steps", 0)) or max(d for _, d, _ in targets)
-    values = [codec.encode_text(v) for _, _, v in targets]
-    where = prompt_positions(codec, doc, [e for e, _, _ in targets])
+    D = int(getattr(doc, "steps", 0)) or max(d for _, d, _ in dense)
+    # (end, first loop, last loop, value), by end: a token holding several keeps the last that applies
+    targets = sorted([(e, d, K, v) for e, d, v in dense]
+                     + ([(e, i, i, v) for e, i, v in getattr(doc, "partial_targets", ())] if partial else []))
+    values = [codec.encode_text(v) for *_, v in targets]
+    where = prompt_positions(codec, doc, [e for e, *_ in targets])
     if where is None or any(len(v) != 1 for v in values) or any(not 0 <= t < len(ids) - 1 for t in where):
         return None
     rows = []
     for i in range(1, K + 1):
         row = list(ids) if i >= D else [IGNORE_INDEX] * len(ids)
-        for (_, depth, _), (value,), t in zip(targets, values, where):
-            if depth <= i:
+        for (_, first, last, _), (value,), t in zip(targets, values, where):
+            if first <= i <= last:
                 row[t + 1] = DENSE_MARK - value  # a prompt-position target (packed_extras places it)
         rows.append(row)
     return rows
 
 
 def document_extras(doc, ids: list[int], tokenize: Callable[[object], tuple[list[int], list[bool]]],
-                    loop_targets: int, with_steps: bool, codec=None) -> tuple[list[list[int]], bool]:
+                    loop_targets: int, with_steps: bool, codec=None,
+                    partial: bool = False) -> tuple[list[list[int]], bool]:
     """(lists, has_loop_targets): per-token lists packed alongside a document's ids: K loop target rows (its
-    own ids when it has no per-step targets; dense rows when a codec is given), then its serial steps
+    own ids when it has no per-step targets; dense rows when a codec is given, with partial targets when
+    `partial`), then its serial steps
     repeated on every token; and whether its loop rows are per-step/dense ones (the packer counts the rest)."""
     out: list[list[int]] = []
     rows = None
     if loop_targets:
-        rows = (dense_target_rows(doc, ids, codec, loop_targets) if codec is not None
+        rows = (dense_target_rows(doc, ids, codec, loop_targets, partial) if codec is not None
                 else loop_target_rows(doc, ids, tokenize, loop_targets))
         out += rows or [list(ids)] * loop_targets
     if with_steps:

@@ -119,14 +119,14 @@ class Trainer:
         d = cfg.data
         source = build_source(d, cfg.stage)
         loop_targets = self.K if cfg.loop_aux.enabled and cfg.loop_aux.targets != "final" else 0
-        dense = cfg.loop_aux.targets == "dense"
+        dense, partial = cfg.loop_aux.dense, cfg.loop_aux.targets == "chain"
         self.preflight = preflight(source, self.codec, d.seq_len, cfg.stage,  # nothing that fits: an error here
-                                   loop_targets=loop_targets, dense_targets=dense)
+                                   loop_targets=loop_targets, dense_targets=dense, partial_targets=partial)
         if rank == 0:
             for report in self.preflight:
                 print(f"[data] {report.line()}", flush=True)
         self.packer = Packer(source, self.codec, d.seq_len, cfg.stage, rank, world_size,
-                             loop_targets=loop_targets, dense_targets=dense,
+                             loop_targets=loop_targets, dense_targets=dense, partial_targets=partial,
                              with_steps=cfg.loops.difficulty_aware)
         self.heldout = fixed_batches(build_source(d, cfg.stage, heldout=True), self.codec, d.seq_len, cfg.stage,
                                      cfg.engine.micro_batch_size, cfg.run.eval_batches)

@@ -12,6 +12,11 @@ Where the chain is laid out in the prompt (a move, a closing bracket, a binding 
 a task also records dense targets (`Task.hidden["dense"]`): (end, depth, value) says the
 prompt's first `end` characters determine `value` in `depth` serial steps, so a causal
 model can hold it at that character from loop `depth` on (`loop_aux.targets=dense`).
+Where the chain's rule is the same at every link, a task also records partial targets
+(`Task.hidden["partial"]`): (end, loop, value) says what loop `loop` < depth can hold at that
+character by applying the rule `loop` times (the automaton's last moves composed into one
+map, the variable a binding line reaches after `loop` look-ups), so that every link of the
+chain has a target at every loop (`loop_aux.targets=chain`).
 """
 
 from __future__ import annotations
@@ -29,16 +34,22 @@ class LadderEnvironment(Environment):
     max_difficulty = 8
     score_timeout_s = 2.0
     alphabet: ClassVar[str]  # every symbol an answer can be (bad answers are drawn from it)
+    partial_alphabet: ClassVar[str] = ""  # every symbol a partial target can be (extra to `alphabet`)
 
     def make_task(self, seed: int, difficulty: int, prompt: str, steps: list[str],
-                  dense: list[tuple[int, int, str]] = (), **stats: float) -> Task:
+                  dense: list[tuple[int, int, str]] = (), partial: list[tuple[int, int, str]] = (),
+                  **stats: float) -> Task:
         if len(steps) != difficulty:
             raise AssertionError(f"{self.name}: {len(steps)} step targets for difficulty {difficulty}")
         for end, depth, value in dense:
             if not (0 < end <= len(prompt) and 1 <= depth <= difficulty and value in self.alphabet):
                 raise AssertionError(f"{self.name}: dense target {(end, depth, value)} does not fit {prompt!r}")
+        for end, loop, value in partial:
+            if not (0 < end <= len(prompt) and 1 <= loop < difficulty and value in self.alphabet + self.partial_alphabet):
+                raise AssertionError(f"{self.name}: partial target {(end, loop, value)} does not fit {prompt!r}")
         return Task(self.name, seed, difficulty, prompt, steps[-1],
-                    hidden={"steps": list(steps), "dense": [list(t) for t in dense]},
+                    hidden={"steps": list(steps), "dense": [list(t) for t in dense],
+                            "partial": [list(t) for t in partial]},
                     stats={"serial_steps": float(difficulty), **stats})
 
     def step_targets(self, task: Task) -> list[str]:
@@ -48,6 +59,10 @@ class LadderEnvironment(Environment):
     def dense_targets(self, task: Task) -> list[tuple[int, int, str]]:
         """(end, depth, value): the first `end` prompt characters give `value` after `depth` serial steps."""
         return [(int(e), int(d), str(v)) for e, d, v in task.hidden.get("dense", ())]
+
+    def partial_targets(self, task: Task) -> list[tuple[int, int, str]]:
+        """(end, loop, value): what loop `loop` alone holds at the first `end` prompt characters (below their depth)."""
+        return [(int(e), int(i), str(v)) for e, i, v in task.hidden.get("partial", ())]
 
     def steps_needed(self, task: Task) -> int:
         """Serial steps the task needs (its difficulty)."""

@@ -145,7 +145,9 @@ def _automaton_value(prefix: str) -> tuple[int, str]:
 
 def _nested_value(prefix: str) -> tuple[int, str]:
     closed = prefix.count(")")
-    return closed, str(eval(prefix[prefix.count("(") - closed:]) % 10)  # noqa: S307 (our own generator's text)
+    from environments.ladder.nested import LadderNested
+
+    return closed, str(eval(prefix[prefix.count("(") - closed:]) % LadderNested.modulus)  # noqa: S307 (our own text)
 
 
 def _binding_value(prefix: str) -> tuple[int, str]:
@@ -177,34 +179,94 @@ def test_dense_targets_are_what_the_prompt_prefix_determines(name, solve):
             assert chain_end < len(task.prompt)  # the answer's last step is laid out before the query
 
 
-def _check_dense_rows(codec, doc, K=4):
+def _automaton_partial(prefix: str, loop: int) -> str:
+    """Name of the map that the last loop + 1 moves of `prefix` make (p -> p + b: "abcde"[b]; p -> b - p: "fghij"[b])."""
+    from environments.ladder.automaton import MOVES
+
+    moves = prefix.split(" ")[-1][-(loop + 1):]
+    table = []
+    for p in range(5):
+        for m in moves:
+            p = MOVES[m](p)
+        table.append(p)
+    names = [n for b in range(5) for n, f in (("abcde"[b], lambda p, b=b: (p + b) % 5),
+                                               ("fghij"[b], lambda p, b=b: (b - p) % 5)) if [f(p) for p in range(5)] == table]
+    assert len(names) == 1, (prefix, table)
+    return names[0]
+
+
+def _binding_partial(prefix: str, loop: int) -> str:
+    """The variable the last line of `prefix` reaches after `loop` look-ups."""
+    env = dict(line.split("=") for line in prefix.split(" "))
+    var = prefix.split(" ")[-1].split("=")[0]
+    for _ in range(loop):
+        var = env[var]
+    return var
+
+
+def _nested_partial(prefix: str, loop: int) -> str:
+    """Name of the map x -> a*x + c mod 5 that the last loop + 1 operations of `prefix` make ("a".."t": 5*(a-1) + c)."""
+    import re
+
+    ops = re.findall(r"([-+*])(\d)\)", prefix)[-(loop + 1):]
+    table = []
+    for x in range(5):
+        for op, b in ops:
+            x = eval(f"{x}{op}{b}") % 5  # noqa: S307 (our own generator's text)
+        table.append(x)
+    names = ["abcdefghijklmnopqrst"[5 * (a - 1) + c] for a in range(1, 5) for c in range(5)
+             if [(a * x + c) % 5 for x in range(5)] == table]
+    assert len(names) == 1, (prefix, table)
+    return names[0]
+
+
+@pytest.mark.parametrize("name,solve", [("ladder_automaton", _automaton_partial), ("ladder_binding", _binding_partial),
+                                        ("ladder_nested", _nested_partial)])
+def test_partial_targets_are_the_chain_rule_applied_loop_times(name, solve):
+    """Below each dense target's depth, every loop gets one partial target there, recomputed from prompt[:end]."""
+    from environments.registry import get_env
+
+    env = get_env(name)
+    for D in range(1, 6):
+        for seed in range(20):
+            task = env.generate(seed, D)
+            dense, partial = env.dense_targets(task), env.partial_targets(task)
+            assert sorted((e, i) for e, i, _ in partial) == sorted((e, i) for e, d, _ in dense for i in range(1, d))
+            for end, loop, value in partial:
+                assert solve(task.prompt[:end], loop) == value, (task.prompt, end, loop)
+                assert value not in env.alphabet  # never a value the chain's answer could be
+
+
+def _check_dense_rows(codec, doc, K=4, partial=False):
     from elr_rl.train.data import tokenize_document
     from elr_rl.train.labels import IGNORE_INDEX
     from elr_rl.train.loopwise import DENSE_MARK, dense_target_rows
 
     ids, mask = tokenize_document(doc, codec, "sft")
-    rows = dense_target_rows(doc, ids, codec, K)
+    rows = dense_target_rows(doc, ids, codec, K, partial)
     assert rows is not None and len(rows) == K
     head = codec.render_prompt(doc.prompt, doc.system)
     at = head.rfind(doc.prompt)
     tok = codec.tokenizer
     # token t has read prompt[:e] when the text of ids[:t+1] reaches it (and ids[:t] does not)
     first = {e: next(t for t in range(len(ids)) if len(tok.decode(ids[: t + 1])) >= at + e)
-             for e, _, _ in doc.dense_targets}
+             for e, _, _ in doc.dense_targets + doc.partial_targets}
     for i, row in enumerate(rows, start=1):
         resp = [r for r, m in zip(row, mask) if m]
         assert resp == ([x for x, m in zip(ids, mask) if m] if i >= doc.steps else [IGNORE_INDEX] * len(resp))
         marks = {t - 1: tok.decode([DENSE_MARK - r]) for t, r in enumerate(row) if r <= DENSE_MARK}
         want = {}
-        for e, d, v in sorted(doc.dense_targets):
-            if d <= i:  # a token holding several steps targets the last one this loop can know
-                want[first[e]] = v
+        applies = [(e, v) for e, d, v in doc.dense_targets if d <= i]
+        applies += [(e, v) for e, j, v in doc.partial_targets if partial and j == i]
+        for e, v in sorted(applies):  # a token holding several steps targets the last one this loop can know
+            want[first[e]] = v
         assert marks == want, (doc.prompt, i)
         assert not any(mask[t + 1] for t in marks)  # prompt positions only
 
 
 @pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
-def test_dense_rows_put_each_target_on_the_first_token_that_has_read_it(tokenizer, tmp_path):
+@pytest.mark.parametrize("partial", [False, True])
+def test_dense_rows_put_each_target_on_the_first_token_that_has_read_it(tokenizer, partial, tmp_path):
     from elr_rl.model.bpe import train_bpe
     from elr_rl.text import TextCodec
     from elr_rl.train.config import DataConfig
@@ -222,10 +284,11 @@ def test_dense_rows_put_each_target_on_the_first_token_that_has_read_it(tokenize
         assert sum(len(codec.encode_text(d.prompt)) for d in docs) < 0.8 * sum(len(d.prompt) for d in docs)
     for doc in docs:
         assert doc.dense_targets and doc.steps >= 1
-        _check_dense_rows(codec, doc)
+        _check_dense_rows(codec, doc, partial=partial)
 
 
-def test_packer_places_dense_targets_and_the_loss_covers_every_loop():
+@pytest.mark.parametrize("partial", [False, True])
+def test_packer_places_dense_targets_and_the_loss_covers_every_loop(partial):
     from elr_rl.text import TextCodec
     from elr_rl.train.config import DataConfig
     from elr_rl.train.corpus import build_source
@@ -234,7 +297,7 @@ def test_packer_places_dense_targets_and_the_loss_covers_every_loop():
     codec = TextCodec.byte_level()
     cfg = DataConfig(generators=["env:ladder_nested"], min_difficulty=3, max_difficulty=3, seq_len=128)
     source = build_source(cfg, "sft")
-    packer = Packer(source, codec, 128, "sft", loop_targets=4, dense_targets=True)
+    packer = Packer(source, codec, 128, "sft", loop_targets=4, dense_targets=True, partial_targets=partial)
     batch = packer.next_batch(2)
     rows, labels = batch["loop_labels"], batch["labels"]
     answer = labels != IGNORE_INDEX
@@ -242,18 +305,22 @@ def test_packer_places_dense_targets_and_the_loss_covers_every_loop():
     assert torch.equal(rows[:, 2][answer], labels[answer]) and torch.equal(rows[:, 3][answer], labels[answer])
     prompt_targets = [int(((rows[:, i] != IGNORE_INDEX) & ~answer).sum()) for i in range(4)]
     docs = sum(len(set(batch["segment_ids"][b][answer[b]].tolist())) for b in range(2))  # documents packed
-    assert prompt_targets == [docs, 2 * docs, 3 * docs, 3 * docs]  # one more level's value per loop, then all
+    if partial:  # every level's bracket has a target at every loop: its map below its depth, its value from there
+        assert prompt_targets == [3 * docs] * 4
+    else:
+        assert prompt_targets == [docs, 2 * docs, 3 * docs, 3 * docs]  # one more level's value per loop, then all
     z = [torch.randn(2, 128, codec.vocab_size, requires_grad=True) for _ in range(4)]
     total, main = loop_aux_loss(z, batch, 0.5, dense=True)
     ce = lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)  # noqa: E731
     assert torch.allclose(total, main + 0.5 * sum(ce(z[i], rows[:, i]) for i in range(4)) / 4)
 
 
-def test_dense_targets_are_refused_outside_sft():
+@pytest.mark.parametrize("targets", ["dense", "chain"])
+def test_dense_targets_are_refused_outside_sft(targets):
     from elr_rl.train.config import TrainConfig
 
     cfg = TrainConfig(stage="pretrain")
-    cfg.loop_aux = LoopAuxConfig(weight=1.0, targets="dense")
+    cfg.loop_aux = LoopAuxConfig(weight=1.0, targets=targets)
     with pytest.raises(ValueError, match="loop_aux.targets"):
         cfg.validate()
     cfg.stage = "sft"
@@ -304,3 +371,12 @@ def test_preflight_shows_which_documents_carry_loop_targets_and_how_many_dense_o
     batch = Packer(alone, codec, 128, "sft", loop_targets=4, dense_targets=True).next_batch(16)
     placed = ((batch["loop_labels"][:, 3] != IGNORE_INDEX) & (batch["labels"] == IGNORE_INDEX)).sum().item() / 16
     assert est > 3 and abs(est - placed) / placed < 0.25, (est, placed)
+    # chain targets: the partial ones are counted apart, as the packer places them over loops 1..K-1
+    rep = preflight(alone, codec, 128, "sft", n=64, loop_targets=4, dense_targets=True, partial_targets=True)[0]
+    batch = Packer(alone, codec, 128, "sft", loop_targets=4, dense_targets=True, partial_targets=True).next_batch(16)
+    prompt = batch["labels"] == IGNORE_INDEX
+    marks = sum(((batch["loop_labels"][:, i] != IGNORE_INDEX) & prompt).sum().item() for i in range(4)) / 16
+    dense_marks = sum(((Packer(alone, codec, 128, "sft", loop_targets=4, dense_targets=True).next_batch(16)
+                        ["loop_labels"][:, i] != IGNORE_INDEX) & prompt).sum().item() for i in range(4)) / 16
+    assert rep.partial_per_sequence > 1 and "partial ones over the shallower loops" in rep.line()
+    assert abs(rep.partial_per_sequence - (marks - dense_marks)) / (marks - dense_marks) < 0.25
