@@ -161,22 +161,26 @@ def _binding_value(prefix: str) -> tuple[int, str]:
     return depth, var
 
 
+def _ladder_tasks(name: str):
+    """The environment and its tasks at D = 1..5, 20 seeds each."""
+    from environments.registry import get_env
+
+    env = get_env(name)
+    return env, [env.generate(seed, D) for D in range(1, 6) for seed in range(20)]
+
+
 @pytest.mark.parametrize("name,solve", [("ladder_automaton", _automaton_value), ("ladder_nested", _nested_value),
                                         ("ladder_binding", _binding_value)])
 def test_dense_targets_are_what_the_prompt_prefix_determines(name, solve):
     """Each (end, depth, value) is recomputed from prompt[:end] alone: a causal model can hold it there."""
-    from environments.registry import get_env
-
-    env = get_env(name)
-    for D in range(1, 6):
-        for seed in range(20):
-            task = env.generate(seed, D)
-            dense = env.dense_targets(task)
-            assert len(dense) >= D and max(d for _, d, _ in dense) == D
-            for end, depth, value in dense:
-                assert solve(task.prompt[:end]) == (depth, value), (task.prompt, end)
-            chain_end = max(e for e, d, v in dense if d == D and v == task.answer)
-            assert chain_end < len(task.prompt)  # the answer's last step is laid out before the query
+    env, tasks = _ladder_tasks(name)
+    for task in tasks:
+        D, dense = task.difficulty, env.dense_targets(task)
+        assert len(dense) >= D and max(d for _, d, _ in dense) == D
+        for end, depth, value in dense:
+            assert solve(task.prompt[:end]) == (depth, value), (task.prompt, end)
+        chain_end = max(e for e, d, v in dense if d == D and v == task.answer)
+        assert chain_end < len(task.prompt)  # the answer's last step is laid out before the query
 
 
 def _automaton_partial(prefix: str, loop: int) -> str:
@@ -224,17 +228,13 @@ def _nested_partial(prefix: str, loop: int) -> str:
                                         ("ladder_nested", _nested_partial)])
 def test_partial_targets_are_the_chain_rule_applied_loop_times(name, solve):
     """Below each dense target's depth, every loop gets one partial target there, recomputed from prompt[:end]."""
-    from environments.registry import get_env
-
-    env = get_env(name)
-    for D in range(1, 6):
-        for seed in range(20):
-            task = env.generate(seed, D)
-            dense, partial = env.dense_targets(task), env.partial_targets(task)
-            assert sorted((e, i) for e, i, _ in partial) == sorted((e, i) for e, d, _ in dense for i in range(1, d))
-            for end, loop, value in partial:
-                assert solve(task.prompt[:end], loop) == value, (task.prompt, end, loop)
-                assert value not in env.alphabet  # never a value the chain's answer could be
+    env, tasks = _ladder_tasks(name)
+    for task in tasks:
+        dense, partial = env.dense_targets(task), env.partial_targets(task)
+        assert sorted((e, i) for e, i, _ in partial) == sorted((e, i) for e, d, _ in dense for i in range(1, d))
+        for end, loop, value in partial:
+            assert solve(task.prompt[:end], loop) == value, (task.prompt, end, loop)
+            assert value not in env.alphabet  # never a value the chain's answer could be
 
 
 def _check_dense_rows(codec, doc, K=4, partial=False):
