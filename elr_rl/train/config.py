@@ -224,8 +224,9 @@ class LoopAuxConfig:
     in the mean too. One target per step instead of one per document: at tiny scale it learns the ladder's
     automaton in 1,200 steps, where steps does not (README, elastic depth). chain (SFT): dense, plus at every
     loop below a target's depth the partial value that loop can hold there (the automaton's last moves
-    composed into one map, the variable a binding line reaches after that many look-ups), so every link
-    of the chain has a target at every loop; environments without partial targets get dense ones."""
+    composed into one map, nested's last operations composed into one affine map mod 5, the variable a
+    binding line reaches after that many look-ups), so every link of the chain has a target at every loop;
+    environments without partial targets get dense ones."""
 
     def validate(self) -> None:
         if self.weight < 0:
