@@ -31,6 +31,7 @@ RL (`elr-rl rl`), one row per learner step:
     response_length/clip_ratio                   fraction of samples cut at max_new_tokens
     actor/pg_loss, actor/pg_clipfrac, actor/entropy, actor/ppo_kl, actor/grad_norm, actor/lr
     actor/ratio_mean, actor/is_weight_mean (and /update0: the first update of the step)
+    actor/loop_credit_loss                       algo.loop_credit's term (the shallower loops' readouts)
     batch/frac_reward_zero_std                   fraction of the step's groups with one reward for all samples
     batch/trained_samples, batch/uninformative_groups, batch/overlong_samples   counts of this step
     async/staleness_mean, async/staleness_max, async/policy_version

@@ -92,8 +92,17 @@ class AlgoConfig:
     """Prompt groups consumed by one learner step."""
     updates_per_batch: int = 1
     """Optimizer steps per batch (> 1: the clip ratio departs from 1 after the first)."""
+    loop_credit: float = 0.0
+    """Credit the loops (RLTT-style, off at 0): a sample generated at k also trains the readouts after
+    loops 1..k-1 of the same k-loop pass (the output block and head on each loop's state) with its
+    advantage, adding loop_credit x their mean policy-gradient term to the loss. Those readouts did not
+    sample the tokens, so their term has no ratio clipping (the gradient of A log pi_i) and takes the
+    importance weights of the loop that did. For models trained with loop-wise readouts (SFT's
+    loop_aux); memory grows with k (k logits tensors per microbatch)."""
 
     def validate(self) -> None:
+        if self.loop_credit < 0:
+            _fail("algo.loop_credit", f"got {self.loop_credit}", "use 0 (off) or a positive weight")
         if self.aggregation not in ("token", "sequence"):
             _fail("algo.aggregation", f"got {self.aggregation!r}", "use token or sequence")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):

@@ -23,10 +23,15 @@ def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[di
     a = cfg.algo
     grad_accum_steps = len(cfg.curriculum.loop_counts)  # one microbatch per loop count (LearnerRank.setup)
 
-    def loss_fn(logits: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+    def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # log pi(x_{t+1} | x_<=t)
+
+    def loss_fn(logits: torch.Tensor | list[torch.Tensor], batch: dict[str, Any]) -> torch.Tensor:
+        readouts = logits if isinstance(logits, list) else [logits]  # loop_credit: one per loop, the last at k
+        logits = readouts[-1]
         ids = batch["input_ids"]
         mask = batch["loss_mask"][:, 1:]
-        logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # log pi(x_{t+1} | x_<=t)
+        logp = token_logp(logits, ids)
         old = batch["old_logp"][:, 1:] if "old_logp" in batch else logp.detach()
         ref = None
         if ref_model is not None and a.kl_coef > 0:
@@ -45,11 +50,29 @@ def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[di
             global_denominator=float(batch["global_denominator"]),
             engine_divisor=grad_accum_steps * cfg.learner.world_size,
         )
+        if len(readouts) > 1 and a.loop_credit > 0:
+            loss = loss + a.loop_credit * loop_credit_term(readouts[:-1], ids, old, batch, mask, stats)
         stats["k"] = float(batch["k"])
         stats["tokens"] = float(mask.sum())
         sink.append(stats)
         return loss
 
+    def loop_credit_term(shallow: list[torch.Tensor], ids: torch.Tensor, old: torch.Tensor, batch: dict[str, Any],
+                         mask: torch.Tensor, stats: dict[str, float]) -> torch.Tensor:
+        """Mean over loops i < k of -A log pi_i(x) (times the sampling loop's truncated importance weights),
+        aggregated as the main term is."""
+        weights = (grpo.truncated_is_weights(old, batch["rollout_logp"][:, 1:], cap=a.tis_cap)
+                   if a.tis_cap is not None else 1.0)
+        terms = []
+        for z in shallow:
+            per_token = -batch["advantages"] * token_logp(z, ids) * weights
+            terms.append(grpo.aggregate(per_token, mask, a.aggregation, float(batch["global_denominator"]),
+                                        grad_accum_steps * cfg.learner.world_size))
+        term = torch.stack(terms).mean()
+        stats["loop_credit_loss"] = float(term.detach())
+        return term
+
+    loss_fn.loop_readouts = a.loop_credit > 0  # TrainEngine passes every loop's readout
     return loss_fn
 
 

@@ -109,6 +109,7 @@ def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, wi
     row.update({
         "actor/pg_loss": sum(sum(r.losses) for r in results) / max(1, len(results)),
         "actor/pg_clipfrac": wmean("clip_frac"), "actor/entropy": wmean("entropy"), "actor/ppo_kl": wmean("kl"),
+        "actor/loop_credit_loss": wmean("loop_credit_loss"),  # algo.loop_credit: the shallower loops' term
         "actor/is_weight_mean": wmean("is_weight_mean"), "actor/ratio_mean": wmean("ratio_mean"),
         "actor/grad_norm": results[0].grad_norm, "actor/lr": info.lr,
         # the first update of a step starts from the weights that the old logprobs came from

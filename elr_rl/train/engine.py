@@ -142,10 +142,10 @@ class TrainEngine:
     def to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
-    def forward(self, batch: dict, k: int) -> torch.Tensor:
-        """Logits [B, T, V] (float32) of a packed batch at loop count k."""
+    def forward(self, batch: dict, k: int, loop_readouts: bool = False) -> torch.Tensor | list[torch.Tensor]:
+        """Logits [B, T, V] (float32) of a packed batch at loop count k (`loop_readouts`: one per loop)."""
         return self.engine(batch["input_ids"], k=k, positions=batch.get("positions"),
-                           segment_ids=batch.get("segment_ids"))
+                           segment_ids=batch.get("segment_ids"), loop_readouts=loop_readouts)
 
     def loop_aux_loss(self, batch: dict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss with the loop-wise auxiliary term, plain loss at k) from one k-loop pass with per-loop
@@ -180,7 +180,7 @@ class TrainEngine:
             if loss_fn is cross_entropy_loss and self.cfg.loop_aux.enabled:  # pretrain/SFT option, never RL
                 loss, logged = self.loop_aux_loss(batch, k)
             else:
-                loss = logged = loss_fn(self.forward(batch, k), batch)
+                loss = logged = loss_fn(self.forward(batch, k, getattr(loss_fn, "loop_readouts", False)), batch)
             self.engine.backward(loss)  # gradients are all-reduced here at the accumulation boundary
             if i == len(ks) - 1 and self._plain_optimizer:
                 norm = _grad_norm(self.model.parameters())
