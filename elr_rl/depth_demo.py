@@ -2,7 +2,7 @@
 
     python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 1200] [--tasks 256] [--difficulties 1,2,3]
                                 [--envs ladder_automaton,...] [--max-difficulty 3] [--targets chain]
-                                [--rl [--rl-steps 30]] [--jobs 2]
+                                [--rl [--rl-steps 60]] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
@@ -12,7 +12,8 @@ Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile
               the answer after min(i, D) steps at the answer)
   final_only  the baseline of the same steps and data: final-answer loss only, k ~ Uniform{1..K}
   with --rl, from `loopwise`: GRPO with the loop curriculum (alpha = 0.3), GRPO with uniform random k
-  (alpha = 0), and continued SFT for as many optimizer steps (equal steps, not equal FLOPs).
+  (alpha = 0), and continued SFT for as many optimizer steps (equal steps, not equal FLOPs), all three
+  at the top training difficulty and one learning rate (RL_LR).
 Evaluation: greedy pass@1 on held-out seeds at each D of `--difficulties` (D = 1: one step, any k
 should do; D = 3: the top of the training range), k = 1..4, `--tasks` tasks a cell. It ends with the
 goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3 environments, on every seed,
@@ -41,6 +42,9 @@ KS = [1, 2, 3, 4]
 GOAL_GAP, GOAL_ENVS = 0.15, 3
 # The baseline: the same data and steps, the final answer's loss only, k ~ Uniform{1..K} per microbatch.
 FINAL_ONLY = ["loop_aux.weight=0", "loops.mode=independent", "loops.force_one_fraction=0"]
+# RL and its continued-SFT baseline from the loop-wise model: one learning rate for both, no warm-up (SFT's
+# from-scratch 0.01 undid the automaton in 30 steps: D = 3 at k = 4 0.92 -> 0.61).
+RL_LR = 2e-4
 
 
 def cli(title: str, args: list[str], log: Path, threads: int | None = None) -> None:
@@ -103,11 +107,14 @@ class SeedRun:
                  out / "loop_probe.log")
         return json.loads(path.read_text())
 
-    def rl_stages(self, base: Path, rl_steps: int, sft_steps_per_rl_step: int) -> dict[str, dict]:
-        """profile, then GRPO (curriculum alpha 0.3 and uniform k) and continued SFT, each from `base`."""
+    def rl_stages(self, base: Path, rl_steps: int) -> dict[str, dict]:
+        """profile, then GRPO (curriculum alpha 0.3 and uniform k) and continued SFT, each from `base`: as many
+        steps at one learning rate (RL_LR, no warm-up), on the top training difficulty (the lower ones are
+        solved at every k there, so their groups would carry no signal)."""
         table = self.root / "profile"
         envs = "[" + ",".join(self.envs) + "]"
         levels = "[" + ",".join(str(d) for d in range(1, self.max_difficulty + 1)) + "]"
+        top = self.max_difficulty
         self.run("profile", ["profile", "configs/profile_tiny.yaml", f"checkpoint={base}", f"run_dir={self.root}",
                              f"envs={envs}", f"difficulties={levels}", "loop_counts=[1,2,3,4]",
                              "seeds_per_difficulty=8", "max_tokens=24"], self.root / "profile.log")
@@ -116,11 +123,13 @@ class SeedRun:
             run = self.root / name
             self.run(name, ["rl", "configs/rl_tiny.yaml", f"model_path={base}", f"run.output_dir={run}",
                             f"curriculum.profile_table={table}", f"curriculum.alpha={alpha}", f"envs.names={envs}",
-                            f"envs.difficulties={levels}", "rollout.max_new_tokens=24", f"run.total_steps={rl_steps}",
-                            f"run.seed={self.seed}"], run / "rl.log")
+                            f"envs.difficulties=[{top}]", "rollout.max_new_tokens=24", f"run.total_steps={rl_steps}",
+                            f"run.save_interval={rl_steps}", f"learner.optim.lr={RL_LR}", f"run.seed={self.seed}"],
+                     run / "rl.log")
             final = Path(json.loads((run / "summary.json").read_text())["final_checkpoint"])
             out[name] = self.evaluate(final, run)
-        cont = self.sft("sft_continued", rl_steps * sft_steps_per_rl_step, [f"model.init_from={base}"],
+        cont = self.sft("sft_continued", rl_steps, [f"model.init_from={base}", f"optim.lr={RL_LR}",
+                                                    "schedule.warmup_steps=0", f"data.min_difficulty={top}"],
                         "continued SFT")
         out["sft_continued"] = self.evaluate(cont, self.root / "sft_continued")
         return out
@@ -133,7 +142,7 @@ class SeedRun:
                    "final_only": self.evaluate(final_only, self.root / "final_only")}
         self.probe_rows = self.loop_probe(loopwise, self.root / "loopwise")
         if rl:
-            results.update(self.rl_stages(loopwise, rl_steps, 1))
+            results.update(self.rl_stages(loopwise, rl_steps))
         return results
 
 
@@ -207,7 +216,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-difficulty", type=int, default=3, help="training documents have D = 1..this serial steps")
     p.add_argument("--targets", default="chain", choices=TARGETS, help="loop_aux.targets of the loop-wise model")
     p.add_argument("--rl", action="store_true", help="also profile -> RL (alpha 0.3 and 0) and continued SFT")
-    p.add_argument("--rl-steps", type=int, default=30)
+    p.add_argument("--rl-steps", type=int, default=60)
     p.add_argument("--jobs", type=int, default=2,
                    help="seeds run side by side, each command on one thread when > 1 (a tiny model gains "
                         "more from a core of its own than from two threads)")

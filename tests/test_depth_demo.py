@@ -133,3 +133,34 @@ def test_probe_report_prints_each_step_at_the_loop_that_first_has_to_know_it(cap
     out = capsys.readouterr().out
     assert "D=3" in out and "answer after loop 1..4: 0.39/0.70/0.97/0.96" in out
     assert "step s after loop s: 1.00 0.99 0.45" in out
+
+
+def test_rl_stages_share_steps_learning_rate_and_difficulty_with_continued_sft(tmp_path, monkeypatch):
+    """GRPO (alpha 0.3 and 0) and the continued-SFT baseline: the same steps, learning rate and top difficulty."""
+    import json
+    from pathlib import Path
+
+    import elr_rl.depth_demo as demo
+
+    calls = {}
+
+    def cli(title, args, log, threads=None):
+        calls[title.split(": ", 1)[1]] = args
+        if args[0] == "rl":  # what `elr-rl rl` leaves behind
+            out = Path(next(a.split("=", 1)[1] for a in args if a.startswith("run.output_dir=")))
+            out.mkdir(parents=True)
+            (out / "summary.json").write_text(json.dumps({"final_checkpoint": str(out / "ckpt")}))
+
+    monkeypatch.setattr(demo, "cli", cli)
+    monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, ckpt, out: {"ckpt": str(ckpt)})
+    run = demo.SeedRun(tmp_path, 0, 8, [3], envs=("ladder_automaton",), max_difficulty=3)
+    out = run.rl_stages(tmp_path / "loopwise" / "final", 40)
+    assert set(out) == {"rl_curriculum", "rl_uniform_k", "sft_continued"}
+    cur, uni, sft = calls["rl_curriculum"], calls["rl_uniform_k"], calls["continued SFT"]
+    assert "curriculum.alpha=0.3" in cur and "curriculum.alpha=0.0" in uni
+    for rl in (cur, uni):
+        assert {"run.total_steps=40", f"learner.optim.lr={demo.RL_LR}", "envs.difficulties=[3]"} <= set(rl)
+        assert f"model_path={tmp_path / 'loopwise' / 'final'}" in rl
+    assert {"run.total_steps=40", f"optim.lr={demo.RL_LR}", "schedule.warmup_steps=0", "data.min_difficulty=3",
+            "data.max_difficulty=3", f"model.init_from={tmp_path / 'loopwise' / 'final'}"} <= set(sft)
+    assert "difficulties=[1,2,3]" in calls["profile"]  # the profile covers every trained level
