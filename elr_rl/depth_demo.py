@@ -2,7 +2,7 @@
 
     python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 1200] [--tasks 256] [--difficulties 1,2,3]
                                 [--envs ladder_automaton,...] [--max-difficulty 3] [--targets chain]
-                                [--rl [--rl-steps 60]] [--jobs 2]
+                                [--rl [--rl-steps 60] [--loop-credit 0]] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
@@ -74,6 +74,7 @@ class SeedRun:
     envs: tuple[str, ...] = tuple(DEFAULT_ENVS)  # the ladder environments trained and evaluated
     max_difficulty: int = 3  # training documents have D = 1..max_difficulty serial steps
     targets: str = "chain"  # loop_aux.targets of the loop-wise model
+    loop_credit: float = 0.0  # algo.loop_credit of the RL stages (RLTT-style credit for the shallower loops)
     probe_rows: list = field(default_factory=list)  # the loop-wise model's `eval --loop-probe` rows
 
     def run(self, title: str, args: list[str], log: Path) -> None:
@@ -124,7 +125,8 @@ class SeedRun:
             self.run(name, ["rl", "configs/rl_tiny.yaml", f"model_path={base}", f"run.output_dir={run}",
                             f"curriculum.profile_table={table}", f"curriculum.alpha={alpha}", f"envs.names={envs}",
                             f"envs.difficulties=[{top}]", "rollout.max_new_tokens=24", f"run.total_steps={rl_steps}",
-                            f"run.save_interval={rl_steps}", f"learner.optim.lr={RL_LR}", f"run.seed={self.seed}"],
+                            f"run.save_interval={rl_steps}", f"learner.optim.lr={RL_LR}", f"run.seed={self.seed}",
+                            f"algo.loop_credit={self.loop_credit}"],
                      run / "rl.log")
             final = Path(json.loads((run / "summary.json").read_text())["final_checkpoint"])
             out[name] = self.evaluate(final, run)
@@ -217,6 +219,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--targets", default="chain", choices=TARGETS, help="loop_aux.targets of the loop-wise model")
     p.add_argument("--rl", action="store_true", help="also profile -> RL (alpha 0.3 and 0) and continued SFT")
     p.add_argument("--rl-steps", type=int, default=60)
+    p.add_argument("--loop-credit", type=float, default=0.0,
+                   help="algo.loop_credit of the RL stages: the shallower loops' readouts share each sample's advantage")
     p.add_argument("--jobs", type=int, default=2,
                    help="seeds run side by side, each command on one thread when > 1 (a tiny model gains "
                         "more from a core of its own than from two threads)")
@@ -240,7 +244,8 @@ def main(argv: list[str]) -> int:
     run = Path(args.run)
     t0 = time.perf_counter()
     runs = [SeedRun(run / f"seed{s}", s, args.tasks, [int(d) for d in args.difficulties.split(",")],
-                    1 if args.jobs > 1 else None, envs, args.max_difficulty, args.targets) for s in seeds]
+                    1 if args.jobs > 1 else None, envs, args.max_difficulty, args.targets,
+                    loop_credit=args.loop_credit) for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(r.pipeline, args.steps, args.rl, args.rl_steps) for r in runs]
         results = {s: f.result() for s, f in zip(seeds, futures)}
