@@ -144,8 +144,9 @@ class TrainEngine:
 
     def forward(self, batch: dict, k: int, loop_readouts: bool = False) -> torch.Tensor | list[torch.Tensor]:
         """Logits [B, T, V] (float32) of a packed batch at loop count k (`loop_readouts`: one per loop)."""
+        extra = {"loop_readouts": True} if loop_readouts else {}  # the plain call stays as it was
         return self.engine(batch["input_ids"], k=k, positions=batch.get("positions"),
-                           segment_ids=batch.get("segment_ids"), loop_readouts=loop_readouts)
+                           segment_ids=batch.get("segment_ids"), **extra)
 
     def loop_aux_loss(self, batch: dict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss with the loop-wise auxiliary term, plain loss at k) from one k-loop pass with per-loop
