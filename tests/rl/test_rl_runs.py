@@ -56,11 +56,12 @@ def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, 
 
 
 def test_staleness_zero_gives_unit_ratios_on_the_first_update(toy_checkpoint, ray_cluster, tmp_path):
-    """Also with a multi-turn environment: its episodes are played and scored in the worker's scoring
+    """Also with loop credit on (it leaves the sampling loop's ratios alone), and with a multi-turn environment: its episodes are played and scored in the worker's scoring
     pool, its environment tokens masked out, and validation plays whole episodes too."""
     cfg = make_config(toy_checkpoint, tmp_path / "run",
                       run={"total_steps": 4, "eval_interval": 2, "eval_num_tasks": 4, "sample_log_interval": 2},
-                      async_={"max_staleness": 0}, algo={"updates_per_batch": 2, "dynamic_sampling": False},
+                      async_={"max_staleness": 0},
+                      algo={"updates_per_batch": 2, "dynamic_sampling": False, "loop_credit": 0.5},
                       envs={"names": ["even_odd", "interactive_deduction"]}, rollout={"max_model_len": 384})
     Driver(cfg).run()
     # held-out validation at steps 2 and 4: greedy pass@1 per k on the held-out set, in the step's row
@@ -81,6 +82,8 @@ def test_staleness_zero_gives_unit_ratios_on_the_first_update(toy_checkpoint, ra
         assert abs(x["actor/is_weight_mean/update0"] - 1.0) < 1e-3
     # the second update moved the policy away from the old logprobs
     assert any(abs(x["actor/ratio_mean"] - 1.0) > 1e-6 for x in rows(tmp_path / "run"))
+    # algo.loop_credit: the learner trained the shallower loops' readouts of samples drawn at k > 1
+    assert any(x.get("actor/loop_credit_loss") not in (None, 0.0) for x in rows(tmp_path / "run"))
 
 
 def test_a_killed_rollout_worker_is_restarted_and_nothing_is_lost(toy_checkpoint, ray_cluster, tmp_path):
