@@ -56,8 +56,9 @@ def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, 
 
 
 def test_staleness_zero_gives_unit_ratios_on_the_first_update(toy_checkpoint, ray_cluster, tmp_path):
-    """Also with loop credit on (it leaves the sampling loop's ratios alone), and with a multi-turn environment: its episodes are played and scored in the worker's scoring
-    pool, its environment tokens masked out, and validation plays whole episodes too."""
+    """Also with loop credit on (it leaves the sampling loop's ratios alone), and with a multi-turn
+    environment: its episodes are played and scored in the worker's scoring pool, its environment
+    tokens masked out, and validation plays whole episodes too."""
     cfg = make_config(toy_checkpoint, tmp_path / "run",
                       run={"total_steps": 4, "eval_interval": 2, "eval_num_tasks": 4, "sample_log_interval": 2},
                       async_={"max_staleness": 0},
