@@ -219,12 +219,12 @@ class LoopAuxConfig:
     min(i, D) serial steps of a document that carries per-step targets (a ladder environment's task with
     D steps), so each loop learns one more step; other documents keep their own targets. dense (SFT): every
     loop is asked only what it can know: at the prompt tokens where a ladder task lays out its chain (the
-    s-th move, the bracket closing level s, a binding line) loop i targets the value there once i is at least
+    s-th move, the s-th operator, a binding line) loop i targets the value there once i is at least
     its depth, and the answer once i >= D (shallower loops get no target there); the last loop's readout is
     in the mean too. One target per step instead of one per document: at tiny scale it learns the ladder's
     automaton in 1,200 steps, where steps does not (README, elastic depth). chain (SFT): dense, plus at every
     loop below a target's depth the partial value that loop can hold there (the automaton's last moves
-    composed into one map, nested's last operations composed into one affine map mod 5, the variable a
+    composed into one map, nested's last operations composed into one affine map mod 3, the variable a
     binding line reaches after that many look-ups), so every link of the chain has a target at every loop;
     environments without partial targets get dense ones."""
 

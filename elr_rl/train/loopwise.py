@@ -11,7 +11,7 @@ min(i, D) of their D serial steps (`targets=steps`, the rows `loop_labels[:, i-1
 
 Dense targets (`targets=dense`, SFT): every loop is asked only what it can know. A ladder
 document records (end, depth, value) for the places where its prompt lays out the chain
-(the s-th move, the bracket closing level s, a binding line); loop i's readout at the token
+(the s-th move, the s-th operator, a binding line); loop i's readout at the token
 holding the first `end` prompt characters targets `value` once i >= depth, and the
 response (the answer, D steps) once i >= D; nothing is asked of shallower loops. The term
 then covers every loop, the last included (its prompt positions are not in y):

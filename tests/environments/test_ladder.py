@@ -83,10 +83,24 @@ def test_automaton_replays_the_moves():
             assert str(p) == target
 
 
+def _postfix_to_infix(text: str) -> str:
+    """Our own evaluator of a postfix expression: its bracketed infix form."""
+    stack = []
+    for ch in text:
+        if ch.isdigit():
+            stack.append(ch)
+        else:
+            b, a = stack.pop(), stack.pop()
+            stack.append(f"({a}{ch}{b})")
+    assert len(stack) == 1, text
+    return stack[0]
+
+
 def test_nested_matches_python_arithmetic():
     env = get_env("ladder_nested")
     for seed in range(10):
         task = env.generate(seed, 6)
-        expr, mod = task.prompt.removesuffix("?").rsplit("%", 1)
-        assert str(eval(expr) % int(mod)) == task.answer  # our own generated text, never model output
-        assert set(task.prompt) <= set("()+-*%?0123456789") and len(task.prompt) <= 6 * 4 + 4
+        expr = _postfix_to_infix(task.prompt.removesuffix("?"))
+        assert expr.count("(") == 7 and expr.endswith("%3)")
+        assert str(eval(expr)) == task.answer  # noqa: S307 (our own generated text, never model output)
+        assert set(task.prompt) <= set("+-*%?0123456789") and len(task.prompt) == 1 + 2 * 6 + 3

@@ -144,10 +144,12 @@ def _automaton_value(prefix: str) -> tuple[int, str]:
 
 
 def _nested_value(prefix: str) -> tuple[int, str]:
-    closed = prefix.count(")")
-    from environments.ladder.nested import LadderNested
-
-    return closed, str(eval(prefix[prefix.count("(") - closed:]) % LadderNested.modulus)  # noqa: S307 (our own text)
+    """(operations applied, value mod 3) of a postfix prefix that ends at an operator."""
+    stack = []
+    for ch in prefix:
+        stack.append(ch if ch.isdigit() else str(eval(f"({stack.pop(-2)}){ch}({stack.pop()})") % 3))  # noqa: S307
+    assert len(stack) == 1, prefix
+    return sum(not ch.isdigit() for ch in prefix), stack[0]
 
 
 def _binding_value(prefix: str) -> tuple[int, str]:
@@ -209,17 +211,16 @@ def _binding_partial(prefix: str, loop: int) -> str:
 
 
 def _nested_partial(prefix: str, loop: int) -> str:
-    """Name of the map x -> a*x + c mod 5 that the last loop + 1 operations of `prefix` make ("a".."t": 5*(a-1) + c)."""
+    """Name of the map x -> a*x + c mod 3 that the last `loop` operations of `prefix` make ("a".."f": 3*(a-1) + c)."""
     import re
 
-    ops = re.findall(r"([-+*])(\d)\)", prefix)[-(loop + 1):]
+    ops = re.findall(r"(\d)([-+*])", prefix[1:])[-loop:]
     table = []
-    for x in range(5):
-        for op, b in ops:
-            x = eval(f"{x}{op}{b}") % 5  # noqa: S307 (our own generator's text)
+    for x in range(3):
+        for b, op in ops:
+            x = eval(f"{x}{op}{b}") % 3  # noqa: S307 (our own generator's text)
         table.append(x)
-    names = ["abcdefghijklmnopqrst"[5 * (a - 1) + c] for a in range(1, 5) for c in range(5)
-             if [(a * x + c) % 5 for x in range(5)] == table]
+    names = ["abcdef"[3 * (a - 1) + c] for a in range(1, 3) for c in range(3) if [(a * x + c) % 3 for x in range(3)] == table]
     assert len(names) == 1, (prefix, table)
     return names[0]
 
@@ -305,7 +306,7 @@ def test_packer_places_dense_targets_and_the_loss_covers_every_loop(partial):
     assert torch.equal(rows[:, 2][answer], labels[answer]) and torch.equal(rows[:, 3][answer], labels[answer])
     prompt_targets = [int(((rows[:, i] != IGNORE_INDEX) & ~answer).sum()) for i in range(4)]
     docs = sum(len(set(batch["segment_ids"][b][answer[b]].tolist())) for b in range(2))  # documents packed
-    if partial:  # every level's bracket has a target at every loop: its map below its depth, its value from there
+    if partial:  # every level's operator has a target at every loop: its map below its depth, its value from there
         assert prompt_targets == [3 * docs] * 4
     else:
         assert prompt_targets == [docs, 2 * docs, 3 * docs, 3 * docs]  # one more level's value per loop, then all
