@@ -203,7 +203,9 @@ def test_every_score_is_total_and_fast_on_garbage():
         if name not in entry_point_names():  # dataset environments have their own garbage test
             continue
         env = get_env(name)
-        task = env.generate(0, env.min_difficulty)
+        # a task whose answer is not "1", so that a garbage text that repeats `<answer>1</answer>` is wrong
+        # (several answer blocks that agree are one answer; a task whose answer is 1 would pass it)
+        task = next(t for t in (env.generate(s, env.min_difficulty) for s in range(50)) if str(t.answer).strip() != "1")
         for kind, text in GARBAGE.items():
             if not env.multi_turn and not text.startswith("<answer>"):
                 continue  # single-turn scorers only ever read the answer span
