@@ -34,7 +34,7 @@ def test_scoring_follows_the_dense_rule_a_loop_is_scored_on_the_deepest_target_i
     assert rows[("k", "step 2")] == [[0, 0, 1], [0, 1, 1]]
 
 
-@pytest.mark.parametrize("env_name", ["ladder_automaton", "ladder_nested", "ladder_binding"])
+@pytest.mark.parametrize("env_name", ["ladder_automaton", "ladder_nested", "ladder_binding", "ladder_tail"])
 def test_probe_scores_the_tokens_and_values_the_dense_loss_trains(env_name):
     """The probe's dense positions and values are the ones `loop_aux.targets=dense` puts in the last loop's row."""
     from elr_rl.text import TextCodec

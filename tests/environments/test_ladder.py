@@ -8,7 +8,7 @@ from environments.checks import check_env
 from environments.ladder.automaton import MOVES
 from environments.registry import get_env
 
-LADDER = ["ladder_pointer", "ladder_binding", "ladder_automaton", "ladder_nested"]
+LADDER = ["ladder_pointer", "ladder_binding", "ladder_automaton", "ladder_nested", "ladder_tail"]
 
 
 @pytest.mark.parametrize("name", LADDER)
@@ -81,6 +81,22 @@ def test_automaton_replays_the_moves():
         for m, target in zip(moves, env.step_targets(task)):
             p = MOVES[m](p)
             assert str(p) == target
+
+
+def test_tail_follows_the_links_to_a_tail_past_decoys():
+    env = get_env("ladder_tail")
+    for seed in range(20):
+        for D in (1, 3, 6):
+            task = env.generate(seed, D)
+            cells = task.prompt.removeprefix("tail ").removesuffix("?").split(" ")
+            assert len({c[0] for c in cells}) == len(cells)  # every letter names one cell
+            assert sum(c[1] == "0" for c in cells) >= 3  # the answer's tail and two decoys at least
+            i = len(cells) - 1
+            for target in env.step_targets(task):
+                assert cells[i][1] != "0"
+                i -= int(cells[i][1])
+                assert i >= 0 and cells[i][0] == target
+            assert cells[i][1] == "0" and cells[i][0] == task.answer
 
 
 def _postfix_to_infix(text: str) -> str:

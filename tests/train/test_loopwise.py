@@ -163,6 +163,22 @@ def _binding_value(prefix: str) -> tuple[int, str]:
     return depth, var
 
 
+def _tail_path(prefix: str) -> list[str]:
+    """The letters visited from the last cell of a ladder_tail prefix to its tail, links followed one by one."""
+    cells = prefix.removeprefix("tail ").split(" ")
+    i, path = len(cells) - 1, []
+    while int(cells[i][1]):
+        i -= int(cells[i][1])
+        assert i >= 0, prefix
+        path.append(cells[i][0])
+    return path
+
+
+def _tail_value(prefix: str) -> tuple[int, str]:
+    path = _tail_path(prefix)
+    return len(path), path[-1]
+
+
 def _ladder_tasks(name: str):
     """The environment and its tasks at D = 1..5, 20 seeds each."""
     from environments.registry import get_env
@@ -172,7 +188,7 @@ def _ladder_tasks(name: str):
 
 
 @pytest.mark.parametrize("name,solve", [("ladder_automaton", _automaton_value), ("ladder_nested", _nested_value),
-                                        ("ladder_binding", _binding_value)])
+                                        ("ladder_binding", _binding_value), ("ladder_tail", _tail_value)])
 def test_dense_targets_are_what_the_prompt_prefix_determines(name, solve):
     """Each (end, depth, value) is recomputed from prompt[:end] alone: a causal model can hold it there."""
     env, tasks = _ladder_tasks(name)
@@ -225,8 +241,13 @@ def _nested_partial(prefix: str, loop: int) -> str:
     return names[0]
 
 
+def _tail_partial(prefix: str, loop: int) -> str:
+    """The letter `loop` links back from the last cell of `prefix`."""
+    return _tail_path(prefix)[loop - 1]
+
+
 @pytest.mark.parametrize("name,solve", [("ladder_automaton", _automaton_partial), ("ladder_binding", _binding_partial),
-                                        ("ladder_nested", _nested_partial)])
+                                        ("ladder_nested", _nested_partial), ("ladder_tail", _tail_partial)])
 def test_partial_targets_are_the_chain_rule_applied_loop_times(name, solve):
     """Below each dense target's depth, every loop gets one partial target there, recomputed from prompt[:end]."""
     env, tasks = _ladder_tasks(name)
@@ -235,7 +256,8 @@ def test_partial_targets_are_the_chain_rule_applied_loop_times(name, solve):
         assert sorted((e, i) for e, i, _ in partial) == sorted((e, i) for e, d, _ in dense for i in range(1, d))
         for end, loop, value in partial:
             assert solve(task.prompt[:end], loop) == value, (task.prompt, end, loop)
-            assert value not in env.alphabet  # never a value the chain's answer could be
+            if name != "ladder_tail":  # a map or a variable, never a value the chain's answer could be (a tail's
+                assert value not in env.alphabet  # partial targets are cells, the same kind as its answer)
 
 
 def _check_dense_rows(codec, doc, K=4, partial=False):
