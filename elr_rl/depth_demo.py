@@ -1,8 +1,8 @@
 """Elastic depth on the ladder: SFT -> (profile -> RL) -> held-out pass@1 per environment and k, two seeds.
 
-    python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 1200] [--tasks 256] [--difficulties 1,2,3]
+    python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 2000] [--tasks 256] [--difficulties 1,2,3]
                                 [--envs ladder_automaton,...] [--max-difficulty 3] [--targets chain]
-                                [--rl [--rl-steps 60] [--loop-credit 0]] [--jobs 2]
+                                [--rl [--rl-steps 60] [--loop-credit 0]] [--rl-from RUN_DIR] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
@@ -13,7 +13,8 @@ Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile
   final_only  the baseline of the same steps and data: final-answer loss only, k ~ Uniform{1..K}
   with --rl, from `loopwise`: GRPO with the loop curriculum (alpha = 0.3), GRPO with uniform random k
   (alpha = 0), and continued SFT for as many optimizer steps (equal steps, not equal FLOPs), all three
-  at the top training difficulty and one learning rate (RL_LR).
+  at the top training difficulty and one learning rate (RL_LR); --rl-from RUN_DIR runs only these (and the
+  start model's eval), from the loop-wise models an earlier demo left in RUN_DIR, on --envs.
 Evaluation: greedy pass@1 on held-out seeds at each D of `--difficulties` (D = 1: one step, any k
 should do; D = 3: the top of the training range), k = 1..4, `--tasks` tasks a cell. It ends with the
 goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3 environments, on every seed,
@@ -35,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENVS = ["ladder_pointer", "ladder_binding", "ladder_automaton", "ladder_nested"]
-DEFAULT_ENVS = ["ladder_binding", "ladder_automaton", "ladder_nested"]  # the ones with dense targets
+ENVS = ["ladder_pointer", "ladder_binding", "ladder_automaton", "ladder_nested", "ladder_tail"]
+DEFAULT_ENVS = ["ladder_binding", "ladder_automaton", "ladder_nested", "ladder_tail"]  # the ones with dense targets
 TARGETS = ("dense", "chain", "steps")
 KS = [1, 2, 3, 4]
 GOAL_GAP, GOAL_ENVS = 0.15, 3
@@ -136,7 +137,13 @@ class SeedRun:
         out["sft_continued"] = self.evaluate(cont, self.root / "sft_continued")
         return out
 
-    def pipeline(self, steps: int, rl: bool, rl_steps: int) -> dict[str, dict]:
+    def pipeline(self, steps: int, rl: bool, rl_steps: int, rl_from: Path | None = None) -> dict[str, dict]:
+        if rl_from is not None:  # the RL stages only, from an earlier demo's loop-wise model of this seed
+            base = rl_from / f"seed{self.seed}" / "loopwise" / "final"
+            if not (base / "config.json").is_file():
+                raise RuntimeError(f"--rl-from {rl_from}: no loop-wise model of seed {self.seed} at {base} (run the "
+                                   f"demo with --seeds {self.seed} into {rl_from} first)")
+            return {"loopwise": self.evaluate(base, self.root / "loopwise"), **self.rl_stages(base, rl_steps)}
         loopwise = self.sft("loopwise", steps, [f"loop_aux.targets={self.targets}"],
                             f"SFT with loop-wise {self.targets} targets")
         final_only = self.sft("final_only", steps, FINAL_ONLY, "SFT baseline, final answer only, uniform k")
@@ -211,7 +218,7 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", default="runs/depth_demo")
     p.add_argument("--seeds", default="0,1")
-    p.add_argument("--steps", type=int, default=1200, help="SFT optimizer steps of each model")
+    p.add_argument("--steps", type=int, default=2000, help="SFT optimizer steps of each model")
     p.add_argument("--tasks", type=int, default=256, help="held-out tasks per (environment, k, D) cell")
     p.add_argument("--difficulties", default="1,2,3", help="task difficulties (serial steps) evaluated")
     p.add_argument("--envs", default=",".join(DEFAULT_ENVS), help="ladder environments to train and evaluate")
@@ -219,6 +226,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--targets", default="chain", choices=TARGETS, help="loop_aux.targets of the loop-wise model")
     p.add_argument("--rl", action="store_true", help="also profile -> RL (alpha 0.3 and 0) and continued SFT")
     p.add_argument("--rl-steps", type=int, default=60)
+    p.add_argument("--rl-from", default=None, metavar="RUN_DIR",
+                   help="skip SFT: run the RL stages (and their baselines) from RUN_DIR/seedN/loopwise/final, an "
+                        "earlier demo's loop-wise models, on --envs")
     p.add_argument("--loop-credit", type=float, default=0.0,
                    help="algo.loop_credit of the RL stages: the shallower loops' readouts share each sample's advantage")
     p.add_argument("--jobs", type=int, default=2,
@@ -247,7 +257,8 @@ def main(argv: list[str]) -> int:
                     1 if args.jobs > 1 else None, envs, args.max_difficulty, args.targets,
                     loop_credit=args.loop_credit) for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(r.pipeline, args.steps, args.rl, args.rl_steps) for r in runs]
+        futures = [pool.submit(r.pipeline, args.steps, args.rl, args.rl_steps,
+                               Path(args.rl_from) if args.rl_from else None) for r in runs]
         results = {s: f.result() for s, f in zip(seeds, futures)}
     seconds = time.perf_counter() - t0
     met = report(results, seconds, runs[0].difficulties, envs)

@@ -2,7 +2,7 @@
 # Elastic depth on the ladder: SFT (loop-wise chain targets vs a final-answer-only baseline) ->
 # held-out pass@1 per environment and k at D=1..3, two seeds; --rl adds profile -> GRPO
 # (curriculum alpha 0.3 vs uniform k) and continued SFT. Uses the existing .venv (scripts/setup_env.sh).
-# Usage: bash scripts/depth_demo.sh [RUN_DIR] [--seeds 0,1] [--steps 1200] [--tasks 256] [--difficulties 1,2,3] [--rl]
+# Usage: bash scripts/depth_demo.sh [RUN_DIR] [--seeds 0,1] [--steps 2000] [--tasks 256] [--difficulties 1,2,3] [--rl]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
