@@ -4,9 +4,12 @@ Estimator (documented here because routing depends on it). Each prompt keeps
 exponentially weighted pseudo-counts `(S, N)`:
 
     start:        S = p0 * w0,  N = w0        p0 = profiled pass rate (all k pooled,
-                                              or one k) or `prior_pass_rate` if never
-                                              profiled; w0 = min(profile samples,
-                                              prior_weight), or prior_weight
+                                              or one k); if never profiled, the pooled
+                                              rate of its profiled group (the prompts
+                                              of its environment and difficulty), or
+                                              `prior_pass_rate` if none of those was;
+                                              w0 = min(profile samples, prior_weight),
+                                              or prior_weight
     each report:  S = gamma * S + successes,  N = gamma * N + samples
     estimate:     p = S / N
 
@@ -118,6 +121,11 @@ def pooled_profile(rows: Iterable[dict[str, Any]], k: int | None = None) -> dict
     return out
 
 
+def prompt_group(prompt_id: str) -> str:
+    """The (environment, difficulty) part of a prompt id `env/dD/sSEED`: the id without its last field."""
+    return prompt_id.rsplit("/", 1)[0]
+
+
 def pool_fingerprint(prompt_ids: list[str]) -> str:
     """Short identity of an ordered prompt pool (saved states refer to prompts by pool index)."""
     digest = hashlib.sha256("\n".join(prompt_ids).encode()).hexdigest()[:16]
@@ -151,6 +159,18 @@ class PassRateTracker:
         self.S = np.full(n, prior_pass_rate * prior_weight, dtype=np.float64)
         self.N = np.full(n, float(prior_weight), dtype=np.float64)
         self.profiled = np.zeros(n, dtype=bool)
+        # A prompt the profile never saw starts at its group's pooled rate: the profile samples a few seeds
+        # per (environment, difficulty) and the pool may hold thousands, so "hard" must not fall back to 0.5.
+        groups: dict[str, list[int]] = {}
+        for pid, (succ, samples) in profile.items():
+            if samples > 0:
+                g = groups.setdefault(prompt_group(pid), [0, 0])
+                g[0] += succ
+                g[1] += samples
+        for i, pid in enumerate(self.prompt_ids):
+            g = groups.get(prompt_group(pid))
+            if g is not None:
+                self.S[i] = g[0] / g[1] * prior_weight
         for pid, (succ, samples) in profile.items():
             i = self.index.get(pid)
             if i is None or samples <= 0:

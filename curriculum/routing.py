@@ -45,7 +45,8 @@ class CurriculumConfig:
     slot_counts: Optional[list[int]] = None
     """Prompts per batch for each entry of loop_counts (must sum to batch_size); None = equal shares."""
     prior_pass_rate: float = 0.5
-    """Pass rate assumed for prompts that were never profiled."""
+    """Pass rate assumed for prompts that were never profiled and whose (environment, difficulty) has no
+    profiled prompt either (an unprofiled prompt of a profiled group starts at that group's pooled rate)."""
     prior_weight: float = 8.0
     """Pseudo-samples the prior (profile or prior_pass_rate) counts for against live rollouts."""
     live_decay: float = 0.7

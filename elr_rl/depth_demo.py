@@ -2,7 +2,8 @@
 
     python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 2000] [--tasks 256] [--difficulties 1,2,3]
                                 [--envs ladder_automaton,...] [--max-difficulty 3] [--targets chain]
-                                [--rl [--rl-steps 60] [--loop-credit 0]] [--rl-from RUN_DIR] [--jobs 2]
+                                [--rl [--rl-steps 60] [--loop-credit 0] [--rl-prompts 4096] [--rl-loops 1,2,3,4]]
+                                [--rl-from RUN_DIR] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
@@ -76,6 +77,8 @@ class SeedRun:
     max_difficulty: int = 3  # training documents have D = 1..max_difficulty serial steps
     targets: str = "chain"  # loop_aux.targets of the loop-wise model
     loop_credit: float = 0.0  # algo.loop_credit of the RL stages (RLTT-style credit for the shallower loops)
+    rl_prompts: int = 4096  # envs.num_seeds of the RL stages: 64 (replayed ~15 times in 60 steps) cost k = 4 points
+    rl_loops: tuple[int, ...] = tuple(KS)  # curriculum.loop_counts of the RL stages
     probe_rows: list = field(default_factory=list)  # the loop-wise model's `eval --loop-probe` rows
 
     def run(self, title: str, args: list[str], log: Path) -> None:
@@ -127,7 +130,8 @@ class SeedRun:
                             f"curriculum.profile_table={table}", f"curriculum.alpha={alpha}", f"envs.names={envs}",
                             f"envs.difficulties=[{top}]", "rollout.max_new_tokens=24", f"run.total_steps={rl_steps}",
                             f"run.save_interval={rl_steps}", f"learner.optim.lr={RL_LR}", f"run.seed={self.seed}",
-                            f"algo.loop_credit={self.loop_credit}"],
+                            f"algo.loop_credit={self.loop_credit}", f"envs.num_seeds={self.rl_prompts}",
+                            "curriculum.loop_counts=[" + ",".join(map(str, self.rl_loops)) + "]"],
                      run / "rl.log")
             final = Path(json.loads((run / "summary.json").read_text())["final_checkpoint"])
             out[name] = self.evaluate(final, run)
@@ -231,6 +235,9 @@ def main(argv: list[str]) -> int:
                         "earlier demo's loop-wise models, on --envs")
     p.add_argument("--loop-credit", type=float, default=0.0,
                    help="algo.loop_credit of the RL stages: the shallower loops' readouts share each sample's advantage")
+    p.add_argument("--rl-prompts", type=int, default=4096,
+                   help="prompts per environment and difficulty in the RL pool (envs.num_seeds)")
+    p.add_argument("--rl-loops", default="1,2,3,4", help="loop counts the RL stages may assign (curriculum.loop_counts)")
     p.add_argument("--jobs", type=int, default=2,
                    help="seeds run side by side, each command on one thread when > 1 (a tiny model gains "
                         "more from a core of its own than from two threads)")
@@ -238,6 +245,13 @@ def main(argv: list[str]) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.jobs < 1 or args.steps < 1 or args.tasks < 1 or args.max_difficulty < 1:
         raise SystemExit("depth_demo: --jobs, --steps, --tasks and --max-difficulty must be >= 1")
+    try:
+        rl_loops = tuple(int(k) for k in args.rl_loops.split(","))
+    except ValueError:
+        rl_loops = ()
+    if not rl_loops or any(k not in KS for k in rl_loops) or args.rl_prompts < 1:
+        raise SystemExit(f"depth_demo: --rl-loops {args.rl_loops!r} / --rl-prompts {args.rl_prompts}: give loop counts "
+                         f"from {KS} separated by commas, and at least one prompt")
     envs = tuple(e.strip() for e in args.envs.split(",") if e.strip())
     unknown = [e for e in envs if e not in ENVS]
     if not envs or unknown:
@@ -255,7 +269,7 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     runs = [SeedRun(run / f"seed{s}", s, args.tasks, [int(d) for d in args.difficulties.split(",")],
                     1 if args.jobs > 1 else None, envs, args.max_difficulty, args.targets,
-                    loop_credit=args.loop_credit) for s in seeds]
+                    loop_credit=args.loop_credit, rl_prompts=args.rl_prompts, rl_loops=rl_loops) for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(r.pipeline, args.steps, args.rl, args.rl_steps,
                                Path(args.rl_from) if args.rl_from else None) for r in runs]

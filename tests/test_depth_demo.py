@@ -153,14 +153,15 @@ def test_rl_stages_share_steps_learning_rate_and_difficulty_with_continued_sft(t
 
     monkeypatch.setattr(demo, "cli", cli)
     monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, ckpt, out: {"ckpt": str(ckpt)})
-    run = demo.SeedRun(tmp_path, 0, 8, [3], envs=("ladder_automaton",), max_difficulty=3, loop_credit=0.5)
+    run = demo.SeedRun(tmp_path, 0, 8, [3], envs=("ladder_automaton",), max_difficulty=3, loop_credit=0.5,
+                       rl_prompts=512, rl_loops=(3, 4))
     out = run.rl_stages(tmp_path / "loopwise" / "final", 40)
     assert set(out) == {"rl_curriculum", "rl_uniform_k", "sft_continued"}
     cur, uni, sft = calls["rl_curriculum"], calls["rl_uniform_k"], calls["continued SFT"]
     assert "curriculum.alpha=0.3" in cur and "curriculum.alpha=0.0" in uni
     for rl in (cur, uni):
         assert {"run.total_steps=40", f"learner.optim.lr={demo.RL_LR}", "envs.difficulties=[3]",
-                "algo.loop_credit=0.5"} <= set(rl)
+                "algo.loop_credit=0.5", "envs.num_seeds=512", "curriculum.loop_counts=[3,4]"} <= set(rl)
         assert f"model_path={tmp_path / 'loopwise' / 'final'}" in rl
     assert {"run.total_steps=40", f"optim.lr={demo.RL_LR}", "schedule.warmup_steps=0", "data.min_difficulty=3",
             "data.max_difficulty=3", f"model.init_from={tmp_path / 'loopwise' / 'final'}"} <= set(sft)

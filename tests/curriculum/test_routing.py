@@ -146,6 +146,22 @@ def test_unprofiled_prompts_get_prior():
     assert r.stats()["unprofiled"] == 4
 
 
+def test_unprofiled_prompts_start_at_their_groups_profiled_rate():
+    """A profile samples a few seeds per (environment, difficulty): the rest of a big pool starts at that
+    group's pooled pass rate (hard groups stay hard), and only groups nobody profiled at prior_pass_rate."""
+    pool = build_pool(["env_a", "env_b"], [1, 2], range(6))
+    a1 = [p for p in pool if p.env == "env_a" and p.difficulty == 1]
+    a2 = [p for p in pool if p.env == "env_a" and p.difficulty == 2]
+    rows = _rows({a1[0]: 1.0, a1[1]: 0.75, a2[0]: 0.0, a2[1]: 0.25})
+    r = LoopRouter(CurriculumConfig(batch_size=4, prior_pass_rate=0.5, prior_weight=8.0), pool, rows)
+    est = dict(zip(r.tracker.prompt_ids, r.tracker.estimates()))
+    assert [est[p.prompt_id] for p in a1] == pytest.approx([1.0, 0.75] + [0.875] * 4)
+    assert [est[p.prompt_id] for p in a2] == pytest.approx([0.0, 0.25] + [0.125] * 4)
+    assert {est[p.prompt_id] for p in pool if p.env == "env_b"} == {0.5}
+    assert r.stats()["unprofiled"] == 20  # still counted as never profiled
+    assert r.tracker.evidence()[r.tracker.index[a2[3].prompt_id]] == 8.0  # weighs as the plain prior does
+
+
 def test_live_refresh_estimator_and_per_k_counts():
     pool = build_pool(["env_a"], [1], range(4))
     cfg = CurriculumConfig(batch_size=4, prior_weight=4.0, live_decay=0.5)
