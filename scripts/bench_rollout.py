@@ -169,13 +169,15 @@ def useful_tokens(rows: list[list[int]], stops: set[int]) -> list[int]:
 
 
 def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args) -> dict:
-    """generate() on the batch left-padded to its longest prompt; it stops when every row has stopped."""
+    """generate() on the batch left-padded to its longest prompt (masked: each row samples as it would alone,
+    as in vLLM); it stops when every row has stopped."""
     width = max(len(p) for p in prompts)
     batch = torch.tensor([[codec.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     g = torch.Generator().manual_seed(args.seed + k)
     start = time.perf_counter()
     out = model.generate(batch, max_new_tokens=args.new_tokens, k=k, cache_mode="per_loop", temperature=1.0,
-                         eos_token_id=codec.stop_token_ids[0], generator=g)
+                         eos_token_id=codec.stop_token_ids[0], generator=g, attention_mask=mask)
     seconds = time.perf_counter() - start
     rows = out.new_tokens.tolist()
     lengths = useful_tokens(rows, set(codec.stop_token_ids))

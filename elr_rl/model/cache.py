@@ -63,12 +63,19 @@ class DenseCore:
 class KVCache:
     """K/V per cache key; `length` tokens are committed, the current chunk starts there."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, left_pad: torch.Tensor | None = None) -> None:
         if mode not in KV_CACHE_MODES:
             raise ValueError(f"kv cache mode must be one of {KV_CACHE_MODES}, got {mode!r}")
         self.mode = mode
         self.length = 0
         self.store: dict[object, tuple[torch.Tensor, torch.Tensor]] = {}
+        # [B] pad tokens before each row's prompt (left padding): never attended to, positions start after them
+        self.left_pad = left_pad if left_pad is not None and bool(left_pad.any()) else None
+
+    def positions(self, T: int, device: torch.device) -> torch.Tensor:
+        """Positions of the next T tokens: [1, T], or [B, T] counted from each row's first real token."""
+        idx = torch.arange(self.length, self.length + T, device=device)[None]
+        return idx if self.left_pad is None else (idx - self.left_pad[:, None]).clamp(min=0)
 
     def key(self, layer_id: int, loop_idx: int) -> object:
         return (layer_id, loop_idx) if self.mode == "per_loop" else layer_id
@@ -107,4 +114,9 @@ class CachedCore:
         start, T = self.cache.length, q.shape[1]
         q_pos = torch.arange(start, start + T, device=q.device)
         k_pos = torch.arange(0, start + T, device=q.device)
-        return _attend(q, ck, cv, _mask(q_pos, k_pos, window).unsqueeze(0))
+        allowed = _mask(q_pos, k_pos, window).unsqueeze(0)  # a row's pads shift its positions, not the differences
+        pad = self.cache.left_pad
+        if pad is not None:  # no token sees a row's pads; a pad sees itself only (no empty softmax)
+            real = k_pos[None, None, :] >= pad[:, None, None]
+            allowed = (allowed & real) | (q_pos[:, None] == k_pos[None, :])[None]
+        return _attend(q, ck, cv, allowed)

@@ -105,6 +105,22 @@ class Generation:
         return self.tokens[:, self.prompt_len :]
 
 
+def _left_pad(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """[B] left-pad counts of a 0...01...1 attention mask (ValueError for any other shape of mask)."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(input_ids.shape)}: "
+                         "give one 0/1 entry per token")
+    pad = (mask == 0).sum(-1)
+    left = torch.arange(mask.shape[1], device=mask.device)[None] >= pad[:, None]
+    if not torch.equal(mask.bool(), left) or bool((pad == mask.shape[1]).any()):
+        raise ValueError("attention_mask must be left padding (0s, then 1s) with at least one prompt token per "
+                         "row: pad prompts on the left")
+    return pad
+
+
 class LoopedForCausalLM(nn.Module):
     """A looped causal LM; one checkpoint serves any loop count k in 1..K."""
 
@@ -195,27 +211,29 @@ class LoopedForCausalLM(nn.Module):
 
     # ---------------------------------------------------------------- generation
     def _cached_step(self, chunk: torch.Tensor, cache: KVCache, k: int) -> torch.Tensor:
-        T = chunk.shape[1]
-        positions = torch.arange(cache.length, cache.length + T, device=chunk.device).expand_as(chunk)
+        positions = cache.positions(chunk.shape[1], chunk.device).expand_as(chunk)
         h = self.backbone(self.backbone.embeddings(chunk), positions, CachedCore(cache), k)
-        cache.advance(T)
+        cache.advance(chunk.shape[1])
         return self.lm_head(h)
 
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.Tensor,  # [B, T]: prompts of equal length
+        input_ids: torch.Tensor,  # [B, T]: prompts, left-padded to one length when attention_mask is given
         max_new_tokens: int,
         k: int | None = None,
         cache_mode: str | None = None,
         temperature: float = 0.0,
         eos_token_id: int | list[int] | tuple[int, ...] | None = None,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,  # [B, T]: 0 on the left pads, 1 on the prompt
     ) -> Generation:
         """KV-cached sampling (greedy at temperature 0): tokens, their raw logprobs, which rows
-        stopped, and the cache (see `Generation`)."""
+        stopped, and the cache (see `Generation`). Prompts of different lengths go in left-padded
+        with `attention_mask`: each row then samples as it would alone (pads unseen, positions
+        counted from its first prompt token)."""
         k = self._check_k(k)
-        cache = KVCache(cache_mode or self.spec.kv_cache_mode)
+        cache = KVCache(cache_mode or self.spec.kv_cache_mode, left_pad=_left_pad(attention_mask, input_ids))
         stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
         stop_t = torch.tensor(stops, dtype=torch.long, device=input_ids.device)
         tokens, logprobs = input_ids, []
