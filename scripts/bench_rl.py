@@ -101,7 +101,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
             "wall_s": wall}
 
 
-def run_trl(steps: int, async_samples_per_s: float, size: str = "toy") -> dict:
+def run_trl(steps: int, async_samples_per_s: float, size: str = "toy", dtype: str = "float32") -> dict:
     """TRL's GRPOTrainer on the same config, in its own venv (scripts/setup_bench_trl.sh, scripts/bench_trl.py).
 
     Returns the TRL keys of the final JSON; they stay None when the setup or the run fails.
@@ -119,7 +119,7 @@ def run_trl(steps: int, async_samples_per_s: float, size: str = "toy") -> dict:
         return res
     cmd = [str(root / ".venv-bench-trl" / "bin" / "python"), str(root / "scripts" / "bench_trl.py"),
            "--steps", str(steps), "--threads", str(os.cpu_count() or 1),  # all cores, as our run uses
-           "--size", size]
+           "--size", size, "--dtype", dtype]
     try:
         proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=3600)
     except (OSError, subprocess.SubprocessError) as e:
@@ -188,7 +188,7 @@ def main() -> None:
     finally:
         ray.shutdown()
     # TRL's model is a plain transformer of the k = 1 size: compare it with our run at k = 1
-    trl = run_trl(args.steps, res["async_k1"]["samples_per_s"], args.size) if args.trl else {}
+    trl = run_trl(args.steps, res["async_k1"]["samples_per_s"], args.size, dtype) if args.trl else {}
     # learn s: the driver's view of a learner step; rank s: timed on the rank; busy: its CPU s per s (1 thread: <= 1)
     # loop tok/s: the rank's (prompt + response) tokens x k per second, its speed on the work it was given
     print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'busy':>6} {'loop tok/s':>10} "

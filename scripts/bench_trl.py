@@ -21,8 +21,9 @@ What matches bench_rl.py:
   * batch: 8 prompts x 8 generations = 64 completions per optimizer step, max 24 new tokens,
     temperature 1, lr 5e-4, one gradient step per batch (num_iterations 1), beta 0 (no
     reference model), token-level (DAPO) aggregation, clip 0.2 / 0.28, group std scaling.
-  * device: CPU, fp32, no gradient checkpointing (TRL's defaults are bf16 and gradient
-    checkpointing on: both are turned off), plain `model.generate` (no vLLM), 1 torch thread by
+  * device: CPU, fp32 (`--dtype bfloat16`: TRL's bf16 mixed precision, as bench_rl.py's learner uses
+    where bf16 is the faster dtype), no gradient checkpointing (TRL's defaults are bf16 and gradient
+    checkpointing on: both are set explicitly), plain `model.generate` (no vLLM), 1 torch thread by
     default (`--threads`): our learner and our vLLM worker use 1 thread each.
 
 Timing: the end of each optimizer step is stamped; the first step (warm-up) is skipped, and
@@ -72,6 +73,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="optimizer steps (the first is warm-up, not timed)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (ours: 1 per learner / vLLM worker)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="bfloat16: TRL's bf16 mixed precision (bench_rl.py passes the dtype it picked)")
     p.add_argument("--size", choices=sorted(SIZES), default="toy", help="bench_rl.py's --size (the k = 1 shape)")
     p.add_argument("--layers", type=int, default=None,
                    help="decoder layers (default: the size's k = 1 count; toy: 2 + k matches our compute at k loops)")
@@ -144,7 +147,7 @@ def main() -> None:
         per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1, num_generations=GROUP,
         max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR,
         beta=0.0, num_iterations=1, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group",
-        use_vllm=False, bf16=False, fp16=False, gradient_checkpointing=False,
+        use_vllm=False, bf16=args.dtype == "bfloat16", fp16=False, gradient_checkpointing=False,
         eval_strategy="no", save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False,
     )
@@ -173,6 +176,7 @@ def main() -> None:
         "layers": layers,
         "size": args.size,
         "threads": args.threads,
+        "dtype": args.dtype,
     }
     print(json.dumps(result), flush=True)
 
