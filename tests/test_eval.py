@@ -33,7 +33,8 @@ def _pytorch_greedy_pass_at_1(ckpt, k: int, seeds: range, difficulty: int = 1) -
 def test_eval_reports_pass_at_1_per_k_as_table_and_json(toy_checkpoint, tmp_path, capsys):
     out = tmp_path / "eval.json"
     rc = eval_main([str(toy_checkpoint), "--envs", "even_odd", "--k", "1,3", "--difficulty", "1,2", "-n", "16",
-                    "--max-new-tokens", "32", "--seed-offset", "5000", "--samples", "4", "--json", str(out)])
+                    "--max-new-tokens", "32", "--seed-offset", "5000", "--samples", "4", "--max-num-seqs", "5",
+                    "--json", str(out)])  # a batch smaller than the tasks: the engine queues the rest
     assert rc == 0
     printed = capsys.readouterr().out
     assert "k=1" in printed and "k=3" in printed and "sampled pass@1" in printed
@@ -49,12 +50,33 @@ def test_eval_reports_pass_at_1_per_k_as_table_and_json(toy_checkpoint, tmp_path
         assert abs(r["pass_at_1"] - sum(expected) / 16) <= 1 / 16 + 1e-9, (r, expected)
 
 
+def test_eval_of_several_checkpoints_shares_one_run_and_labels_the_rows(toy_checkpoint, tmp_path, capsys):
+    """Two checkpoints in one `elr-rl eval`: a table each, rows labelled by checkpoint; the same weights under
+    two names give the same greedy rows (one task set, nothing carried from the first engine to the next)."""
+    import shutil
+
+    twin = tmp_path / "twin"
+    shutil.copytree(toy_checkpoint, twin)
+    out = tmp_path / "eval.json"
+    assert eval_main([str(toy_checkpoint), str(twin), "--envs", "even_odd", "--k", "1,2", "-n", "8",
+                      "--max-new-tokens", "24", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"held-out pass@1 of {toy_checkpoint}" in printed and f"held-out pass@1 of {twin}" in printed
+    rows = json.loads(out.read_text())
+    assert [r["checkpoint"] for r in rows] == [str(toy_checkpoint)] * 2 + [str(twin)] * 2
+    strip = [{k: v for k, v in r.items() if k != "checkpoint"} for r in rows]
+    assert strip[:2] == strip[2:]
+    assert eval_main([str(toy_checkpoint), str(tmp_path / "missing"), "--envs", "even_odd"]) == 2  # checked first
+    assert "not a checkpoint folder" in capsys.readouterr().out
+
+
 def test_eval_rejects_a_folder_that_is_not_a_checkpoint(tmp_path, capsys):
     assert eval_main([str(tmp_path)]) == 2
     assert "not a checkpoint folder" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag, value", [("--difficulty", "1,two"), ("--difficulty", "0"), ("--k", "1;2")])
+@pytest.mark.parametrize("flag, value", [("--difficulty", "1,two"), ("--difficulty", "0"), ("--k", "1;2"),
+                                         ("--max-num-seqs", "0")])
 def test_eval_rejects_bad_lists_before_any_engine_starts(toy_checkpoint, capsys, flag, value):
     assert eval_main([str(toy_checkpoint), flag, value]) == 2
     out = capsys.readouterr().out

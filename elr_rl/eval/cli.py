@@ -1,4 +1,6 @@
-"""`elr-rl eval CHECKPOINT --envs a,b --k 1,2,3,4`: pass@1 and response tokens per k (table + JSON).
+"""`elr-rl eval CHECKPOINT [CHECKPOINT ...] --envs a,b --k 1,2,3,4`: pass@1 and response tokens per k
+(a table per checkpoint + JSON). Several checkpoints share one process, scoring pool and task set; their
+JSON rows carry a "checkpoint" field.
 
 `--loop-probe` instead reads out after every loop of one max(k)-loop pass, teacher-forced on the
 reference response: per environment and difficulty, the answer's accuracy and (ladder
@@ -20,7 +22,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="elr-rl eval", description=__doc__)
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", nargs="+", help="checkpoint folder(s); --loop-probe takes one")
     p.add_argument("--envs", default="even_odd", help="comma-separated environment names or YAML files of dataset environments")
     p.add_argument("--k", default="1,2,3,4", help="comma-separated loop counts")
     p.add_argument("--difficulty", default="1",
@@ -28,6 +30,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("-n", "--num-tasks", type=int, default=32)
     p.add_argument("--seed-offset", type=int, default=100_000, help="first held-out seed")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="sequences the engine decodes at once (faster for a small model; its KV cache grows with it)")
     p.add_argument("--samples", type=int, default=0,
                    help="also estimate sampled pass@1 from this many completions per task (0: greedy only)")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass@1")
@@ -45,27 +49,38 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.loop_probe:
         return _loop_probe(args)
-    from elr_rl.eval.evaluate import EvalConfig, evaluate, format_table
-    from elr_rl.text import ChatOptions
+    from elr_rl.eval.evaluate import EvalConfig, evaluate, format_table, held_out_tasks
+    from elr_rl.text import ChatOptions, TextCodec
     from environments.sandbox_tier import SandboxConfig, SandboxUnavailable
 
-    if not (Path(args.checkpoint) / "config.json").is_file():
-        print(f"elr-rl eval: {args.checkpoint!r} is not a checkpoint folder (no config.json)")
-        return 2
+    for ckpt in args.checkpoint:
+        if not (Path(ckpt) / "config.json").is_file():
+            print(f"elr-rl eval: {ckpt!r} is not a checkpoint folder (no config.json)")
+            return 2
     try:
         from elr_rl.model.safetensors_check import check_checkpoint_files
+        from environments.pool import ScoringPool
 
-        check_checkpoint_files(args.checkpoint)  # before any engine starts
+        for ckpt in args.checkpoint:
+            check_checkpoint_files(ckpt)  # before any engine starts
         cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], ks=_ints(args.k, "--k"),
                          difficulties=_ints(args.difficulty, "--difficulty"), num_tasks=args.num_tasks, seed_offset=args.seed_offset,
-                         max_new_tokens=args.max_new_tokens, samples=args.samples, temperature=args.temperature,
+                         max_new_tokens=args.max_new_tokens, max_num_seqs=args.max_num_seqs, samples=args.samples, temperature=args.temperature,
                          chat=ChatOptions(args.system_prompt, None if args.thinking is None else args.thinking == "on"),
                          sandbox=SandboxConfig(args.sandbox_tier, args.allow_weaker_tier))
-        rows = evaluate(args.checkpoint, cfg)
+        cfg.validate()
+        for ckpt in args.checkpoint:
+            TextCodec.load(ckpt, cfg.chat)  # every tokenizer loads before the first engine starts
+        tasks = held_out_tasks(cfg)
+        rows = []
+        with ScoringPool(2) as pool:
+            for ckpt in args.checkpoint:
+                got = evaluate(ckpt, cfg, pool=pool, tasks=tasks)
+                print(format_table(got, f"held-out pass@1 of {ckpt}"), flush=True)
+                rows += [{"checkpoint": ckpt, **r} for r in got]
     except (ValueError, SandboxUnavailable) as exc:
         print(f"elr-rl eval: {exc}")
         return 2
-    print(format_table(rows, f"held-out pass@1 of {args.checkpoint}"))
     payload = json.dumps(rows, indent=2)
     if args.json:
         Path(args.json).write_text(payload)
@@ -76,6 +91,10 @@ def main(argv: list[str]) -> int:
 def _loop_probe(args) -> int:
     from elr_rl.eval.loop_probe import format_probe, probe
 
+    if len(args.checkpoint) > 1:
+        print("elr-rl eval: --loop-probe takes one checkpoint; run it once per checkpoint")
+        return 2
+    args.checkpoint = args.checkpoint[0]
     if not (Path(args.checkpoint) / "config.json").is_file():
         print(f"elr-rl eval: {args.checkpoint!r} is not a checkpoint folder (no config.json)")
         return 2
