@@ -2,8 +2,8 @@
 
     python -m elr_rl.depth_demo [RUN_DIR] [--seeds 0,1] [--steps 2000] [--tasks 256] [--difficulties 1,2,3]
                                 [--envs ladder_automaton,...] [--max-difficulty 3] [--targets chain]
-                                [--rl [--rl-steps 60] [--loop-credit 0] [--rl-prompts 4096] [--rl-loops 1,2,3,4]]
-                                [--rl-from RUN_DIR] [--jobs 2]
+                                [--rl [--rl-steps 40] [--loop-credit 0] [--rl-prompts 4096] [--rl-loops 1,2,3,4]]
+                                [--rl-from RUN_DIR] [--no-baseline] [--jobs 2]
     (scripts/depth_demo.sh runs this)
 
 Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile`, `rl`):
@@ -12,15 +12,19 @@ Per seed, every stage is the user-facing command (`elr-rl sft`, `eval`, `profile
               each loop can hold there; `--targets dense`: without the partial ones; `--targets steps`:
               the answer after min(i, D) steps at the answer)
   final_only  the baseline of the same steps and data: final-answer loss only, k ~ Uniform{1..K}
+              (`--no-baseline` skips it: SFT is deterministic, so the demo without --rl on the same
+              seeds trains the same loop-wise model and prints the baseline next to it)
   with --rl, from `loopwise`: GRPO with the loop curriculum (alpha = 0.3), GRPO with uniform random k
   (alpha = 0), and continued SFT for as many optimizer steps (equal steps, not equal FLOPs), all three
   at the top training difficulty and one learning rate (RL_LR); --rl-from RUN_DIR runs only these (and the
   start model's eval), from the loop-wise models an earlier demo left in RUN_DIR, on --envs.
 Evaluation: greedy pass@1 on held-out seeds at each D of `--difficulties` (D = 1: one step, any k
-should do; D = 3: the top of the training range), k = 1..4, `--tasks` tasks a cell. It ends with the
-goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3 environments, on every seed,
-and the environments where loop-wise k = 4 beats the baseline's best k by 15 points on every seed;
-then, per seed, where the loop-wise model's depth stops (`elr-rl eval --loop-probe` at the top D).
+should do; D = 3: the top of the training range), k = 1..4, `--tasks` tasks a cell, by one `elr-rl eval`
+of every model at the end (the two SFT models, with --rl also the RL stages' three), 256 sequences a
+batch. It ends with the goal line for every D > 1: k = 4 minus k = 1 >= 15 points on at least 3
+environments, on every seed, and the environments where loop-wise k = 4 beats the baseline's best k by
+15 points on every seed; then, per seed, where the loop-wise model's depth stops (`elr-rl eval
+--loop-probe` at the top D).
 Seeds run side by side (`--jobs`), each command on one thread; every command's output goes to a log
 in its stage's folder, and a stage that fails stops the demo with the end of its log.
 """
@@ -93,14 +97,24 @@ class SeedRun:
                  out / "sft.log")
         return out / "final"
 
-    def evaluate(self, ckpt: Path, out: Path) -> dict[int, list[dict]]:
-        """{difficulty: rows} of one `elr-rl eval` over every difficulty (one engine start)."""
-        path = out / "eval.json"
-        self.run(f"eval {out.name}", ["eval", str(ckpt), "--envs", ",".join(self.envs), "--k", ",".join(map(str, KS)),
-                                      "--difficulty", ",".join(map(str, self.difficulties)), "-n", str(self.tasks),
-                                      "--max-new-tokens", "24", "--json", str(path)], out / "eval.log")
+    def evaluate(self, stages: dict[str, tuple[Path, Path]]) -> dict[str, dict[int, list[dict]]]:
+        """{stage: {difficulty: rows}} of one `elr-rl eval` of every stage's checkpoint (one process, one task
+        set) over every difficulty; stage -> (checkpoint, folder), each folder gets its rows' eval.json."""
+        names = list(stages)
+        first = stages[names[0]][1]
+        path = first / ("eval.json" if len(names) == 1 else "eval_" + "+".join(names) + ".json")
+        self.run(f"eval {', '.join(names)}",
+                 ["eval", *(str(ckpt) for ckpt, _ in stages.values()), "--envs", ",".join(self.envs),
+                  "--k", ",".join(map(str, KS)), "--difficulty", ",".join(map(str, self.difficulties)),
+                  "-n", str(self.tasks), "--max-new-tokens", "24", "--max-num-seqs", "256", "--json", str(path)],
+                 first / ("eval.log" if len(names) == 1 else "eval_" + "+".join(names) + ".log"))
         rows = json.loads(path.read_text())
-        return {d: [r for r in rows if r["difficulty"] == d] for d in self.difficulties}
+        out = {}
+        for name, (ckpt, folder) in stages.items():
+            mine = [r for r in rows if r["checkpoint"] == str(ckpt)]
+            (folder / "eval.json").write_text(json.dumps(mine, indent=2))
+            out[name] = {d: [r for r in mine if r["difficulty"] == d] for d in self.difficulties}
+        return out
 
     def loop_probe(self, ckpt: Path, out: Path) -> list[dict]:
         """`elr-rl eval --loop-probe` at the top evaluated difficulty: per-loop teacher-forced accuracy of the
@@ -112,10 +126,10 @@ class SeedRun:
                  out / "loop_probe.log")
         return json.loads(path.read_text())
 
-    def rl_stages(self, base: Path, rl_steps: int) -> dict[str, dict]:
+    def rl_stages(self, base: Path, rl_steps: int) -> dict[str, tuple[Path, Path]]:
         """profile, then GRPO (curriculum alpha 0.3 and uniform k) and continued SFT, each from `base`: as many
         steps at one learning rate (RL_LR, no warm-up), on the top training difficulty (the lower ones are
-        solved at every k there, so their groups would carry no signal)."""
+        solved at every k there, so their groups would carry no signal). {stage: (checkpoint, folder)}."""
         table = self.root / "profile"
         envs = "[" + ",".join(self.envs) + "]"
         levels = "[" + ",".join(str(d) for d in range(1, self.max_difficulty + 1)) + "]"
@@ -123,7 +137,7 @@ class SeedRun:
         self.run("profile", ["profile", "configs/profile_tiny.yaml", f"checkpoint={base}", f"run_dir={self.root}",
                              f"envs={envs}", f"difficulties={levels}", "loop_counts=[1,2,3,4]",
                              "seeds_per_difficulty=8", "max_tokens=24"], self.root / "profile.log")
-        out = {}
+        finals = {}
         for name, alpha in (("rl_curriculum", 0.3), ("rl_uniform_k", 0.0)):
             run = self.root / name
             self.run(name, ["rl", "configs/rl_tiny.yaml", f"model_path={base}", f"run.output_dir={run}",
@@ -133,30 +147,30 @@ class SeedRun:
                             f"algo.loop_credit={self.loop_credit}", f"envs.num_seeds={self.rl_prompts}",
                             "curriculum.loop_counts=[" + ",".join(map(str, self.rl_loops)) + "]"],
                      run / "rl.log")
-            final = Path(json.loads((run / "summary.json").read_text())["final_checkpoint"])
-            out[name] = self.evaluate(final, run)
+            finals[name] = (Path(json.loads((run / "summary.json").read_text())["final_checkpoint"]), run)
         cont = self.sft("sft_continued", rl_steps, [f"model.init_from={base}", f"optim.lr={RL_LR}",
                                                     "schedule.warmup_steps=0", f"data.min_difficulty={top}"],
                         "continued SFT")
-        out["sft_continued"] = self.evaluate(cont, self.root / "sft_continued")
-        return out
+        return {**finals, "sft_continued": (cont, self.root / "sft_continued")}
 
-    def pipeline(self, steps: int, rl: bool, rl_steps: int, rl_from: Path | None = None) -> dict[str, dict]:
+    def pipeline(self, steps: int, rl: bool, rl_steps: int, rl_from: Path | None = None,
+                 baseline: bool = True) -> dict[str, dict]:
         if rl_from is not None:  # the RL stages only, from an earlier demo's loop-wise model of this seed
             base = rl_from / f"seed{self.seed}" / "loopwise" / "final"
             if not (base / "config.json").is_file():
                 raise RuntimeError(f"--rl-from {rl_from}: no loop-wise model of seed {self.seed} at {base} (run the "
                                    f"demo with --seeds {self.seed} into {rl_from} first)")
-            return {"loopwise": self.evaluate(base, self.root / "loopwise"), **self.rl_stages(base, rl_steps)}
+            return self.evaluate({"loopwise": (base, self.root / "loopwise"), **self.rl_stages(base, rl_steps)})
         loopwise = self.sft("loopwise", steps, [f"loop_aux.targets={self.targets}"],
                             f"SFT with loop-wise {self.targets} targets")
-        final_only = self.sft("final_only", steps, FINAL_ONLY, "SFT baseline, final answer only, uniform k")
-        results = {"loopwise": self.evaluate(loopwise, self.root / "loopwise"),
-                   "final_only": self.evaluate(final_only, self.root / "final_only")}
+        stages = {"loopwise": (loopwise, self.root / "loopwise")}
+        if baseline:
+            stages["final_only"] = (self.sft("final_only", steps, FINAL_ONLY,
+                                             "SFT baseline, final answer only, uniform k"), self.root / "final_only")
         self.probe_rows = self.loop_probe(loopwise, self.root / "loopwise")
-        if rl:
-            results.update(self.rl_stages(loopwise, rl_steps))
-        return results
+        if rl:  # every model in one eval process at the end: one start-up and one task set for all five
+            stages.update(self.rl_stages(loopwise, rl_steps))
+        return self.evaluate(stages)
 
 
 def cell(rows: list[dict], env: str, k: int, key: str = "pass_at_1") -> float:
@@ -229,7 +243,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-difficulty", type=int, default=3, help="training documents have D = 1..this serial steps")
     p.add_argument("--targets", default="chain", choices=TARGETS, help="loop_aux.targets of the loop-wise model")
     p.add_argument("--rl", action="store_true", help="also profile -> RL (alpha 0.3 and 0) and continued SFT")
-    p.add_argument("--rl-steps", type=int, default=60)
+    p.add_argument("--rl-steps", type=int, default=40)
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the final-answer-only model (its rows: the demo without --rl on the same seeds, "
+                        "whose SFT gives the same loop-wise model)")
     p.add_argument("--rl-from", default=None, metavar="RUN_DIR",
                    help="skip SFT: run the RL stages (and their baselines) from RUN_DIR/seedN/loopwise/final, an "
                         "earlier demo's loop-wise models, on --envs")
@@ -272,7 +289,7 @@ def main(argv: list[str]) -> int:
                     loop_credit=args.loop_credit, rl_prompts=args.rl_prompts, rl_loops=rl_loops) for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(r.pipeline, args.steps, args.rl, args.rl_steps,
-                               Path(args.rl_from) if args.rl_from else None) for r in runs]
+                               Path(args.rl_from) if args.rl_from else None, not args.no_baseline) for r in runs]
         results = {s: f.result() for s, f in zip(seeds, futures)}
     seconds = time.perf_counter() - t0
     met = report(results, seconds, runs[0].difficulties, envs)

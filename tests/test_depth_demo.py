@@ -89,7 +89,7 @@ def test_loopwise_model_gets_the_chosen_targets_and_the_baseline_none(tmp_path, 
 
     calls = []
     monkeypatch.setattr(demo, "cli", lambda title, args, log, threads=None: calls.append(args))
-    monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, ckpt, out: {})
+    monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, stages: {})
     monkeypatch.setattr(demo.SeedRun, "loop_probe", lambda self, ckpt, out: calls.append(["probe", ckpt]) or [])
     for targets in ("dense", "chain", "steps"):
         calls.clear()
@@ -152,11 +152,12 @@ def test_rl_stages_share_steps_learning_rate_and_difficulty_with_continued_sft(t
             (out / "summary.json").write_text(json.dumps({"final_checkpoint": str(out / "ckpt")}))
 
     monkeypatch.setattr(demo, "cli", cli)
-    monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, ckpt, out: {"ckpt": str(ckpt)})
     run = demo.SeedRun(tmp_path, 0, 8, [3], envs=("ladder_automaton",), max_difficulty=3, loop_credit=0.5,
                        rl_prompts=512, rl_loops=(3, 4))
     out = run.rl_stages(tmp_path / "loopwise" / "final", 40)
-    assert set(out) == {"rl_curriculum", "rl_uniform_k", "sft_continued"}
+    assert out == {"rl_curriculum": (tmp_path / "rl_curriculum" / "ckpt", tmp_path / "rl_curriculum"),
+                   "rl_uniform_k": (tmp_path / "rl_uniform_k" / "ckpt", tmp_path / "rl_uniform_k"),
+                   "sft_continued": (tmp_path / "sft_continued" / "final", tmp_path / "sft_continued")}
     cur, uni, sft = calls["rl_curriculum"], calls["rl_uniform_k"], calls["continued SFT"]
     assert "curriculum.alpha=0.3" in cur and "curriculum.alpha=0.0" in uni
     for rl in (cur, uni):
@@ -175,8 +176,10 @@ def test_rl_from_starts_at_an_earlier_runs_loopwise_model_without_sft(tmp_path, 
 
     calls = []
     monkeypatch.setattr(demo, "cli", lambda title, args, log, threads=None: calls.append(args))
-    monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, ckpt, out: calls.append(["eval", ckpt]) or {})
-    monkeypatch.setattr(demo.SeedRun, "rl_stages", lambda self, base, steps: calls.append(["rl", base, steps]) or {})
+    monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, stages: calls.append(
+        ["eval", {name: ckpt for name, (ckpt, _) in stages.items()}]) or {name: {} for name in stages})
+    monkeypatch.setattr(demo.SeedRun, "rl_stages", lambda self, base, steps: calls.append(["rl", base, steps]) or {
+        "rl_curriculum": (tmp_path / "cur", tmp_path)})
     earlier = tmp_path / "earlier"
     run = demo.SeedRun(tmp_path / "rl" / "seed1", 1, 8, [3], envs=("ladder_tail",))
     with pytest.raises(RuntimeError, match="no loop-wise model of seed 1"):
@@ -184,5 +187,81 @@ def test_rl_from_starts_at_an_earlier_runs_loopwise_model_without_sft(tmp_path, 
     base = earlier / "seed1" / "loopwise" / "final"
     base.mkdir(parents=True)
     (base / "config.json").write_text("{}")
-    assert set(run.pipeline(10, rl=True, rl_steps=5, rl_from=earlier)) == {"loopwise"}
-    assert calls == [["eval", base], ["rl", base, 5]]  # no SFT stage ran
+    assert set(run.pipeline(10, rl=True, rl_steps=5, rl_from=earlier)) == {"loopwise", "rl_curriculum"}
+    # no SFT stage ran; the start model and the RL stages' models in one eval
+    assert calls == [["rl", base, 5], ["eval", {"loopwise": base, "rl_curriculum": tmp_path / "cur"}]]
+
+
+def test_rl_demo_evaluates_all_five_models_in_one_eval_after_the_rl_stages(tmp_path, monkeypatch):
+    import elr_rl.depth_demo as demo
+
+    calls = []
+    monkeypatch.setattr(demo, "cli", lambda title, args, log, threads=None: calls.append(args[0]))
+    monkeypatch.setattr(demo.SeedRun, "evaluate", lambda self, stages: calls.append(
+        ["eval", {name: ckpt for name, (ckpt, _) in stages.items()}]) or {name: {} for name in stages})
+    monkeypatch.setattr(demo.SeedRun, "loop_probe", lambda self, ckpt, out: calls.append("probe") or [])
+    rl = {name: (tmp_path / name / "ckpt", tmp_path / name)
+          for name in ("rl_curriculum", "rl_uniform_k", "sft_continued")}
+    monkeypatch.setattr(demo.SeedRun, "rl_stages", lambda self, base, steps: calls.append("rl") or rl)
+    results = demo.SeedRun(tmp_path, 0, 8, [3]).pipeline(10, rl=True, rl_steps=5)
+    lw, fo = tmp_path / "loopwise" / "final", tmp_path / "final_only" / "final"
+    assert calls == ["sft", "sft", "probe", "rl", ["eval", {"loopwise": lw, "final_only": fo,
+                                                             **{name: ckpt for name, (ckpt, _) in rl.items()}}]]
+    assert list(results) == ["loopwise", "final_only", "rl_curriculum", "rl_uniform_k", "sft_continued"]
+    calls.clear()  # --no-baseline: no final-only SFT, four models in the one eval
+    results = demo.SeedRun(tmp_path, 0, 8, [3]).pipeline(10, rl=True, rl_steps=5, baseline=False)
+    assert calls == ["sft", "probe", "rl", ["eval", {"loopwise": lw, **{name: ckpt for name, (ckpt, _) in rl.items()}}]]
+    assert "final_only" not in results
+
+
+def test_no_baseline_flag_reaches_every_seed(tmp_path, monkeypatch):
+    import pytest
+
+    import elr_rl.depth_demo as demo
+
+    seen = []
+
+    def pipeline(self, steps, rl, rl_steps, rl_from=None, baseline=True):
+        seen.append((self.seed, rl, baseline))
+        raise KeyboardInterrupt  # stop before the report
+
+    monkeypatch.setattr(demo.SeedRun, "pipeline", pipeline)
+    for argv, want in ((["--rl", "--no-baseline"], False), (["--rl"], True)):
+        seen.clear()
+        with pytest.raises(KeyboardInterrupt):
+            demo.main([str(tmp_path), "--seeds", "0", "--jobs", "1", *argv])
+        assert seen == [(0, True, want)]
+
+
+def test_one_eval_command_serves_several_stages_and_splits_their_rows(tmp_path, monkeypatch):
+    """Several stages' checkpoints go to one `elr-rl eval` (one process and task set); each stage gets its
+    own rows, by checkpoint, per difficulty, and its own eval.json."""
+    import json
+
+    import elr_rl.depth_demo as demo
+
+    seen = []
+
+    def cli(title, args, log, threads=None):
+        seen.append(args)
+        ckpts = args[1:args.index("--envs")]
+        rows = [{"checkpoint": c, "env": "ladder_tail", "difficulty": d, "k": k, "pass_at_1": i / 10}
+                for i, c in enumerate(ckpts) for d in (1, 3) for k in demo.KS]
+        (tmp_path / "out.json").write_text(json.dumps(rows))
+        json_at = args[args.index("--json") + 1]
+        (tmp_path / "out.json").rename(json_at)
+
+    monkeypatch.setattr(demo, "cli", cli)
+    run = demo.SeedRun(tmp_path, 0, 256, [1, 3], envs=("ladder_tail",))
+    stages = {name: (tmp_path / name / "final", tmp_path / name) for name in ("loopwise", "final_only")}
+    for _, folder in stages.values():
+        folder.mkdir()
+    got = run.evaluate(stages)
+    assert len(seen) == 1 and seen[0][1:3] == [str(stages["loopwise"][0]), str(stages["final_only"][0])]
+    assert "256" in seen[0] and "--max-num-seqs" in seen[0]
+    for i, name in enumerate(stages):
+        assert set(got[name]) == {1, 3}
+        assert all(r["pass_at_1"] == i / 10 and r["checkpoint"] == str(stages[name][0])
+                   for d in (1, 3) for r in got[name][d])
+        assert len(got[name][3]) == len(demo.KS)
+        assert json.loads((stages[name][1] / "eval.json").read_text()) == got[name][1] + got[name][3]
