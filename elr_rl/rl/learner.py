@@ -179,10 +179,11 @@ class LearnerRank:
         return out
 
     def shutdown(self) -> None:
-        import torch.distributed as dist
+        from elr_rl.train.engine import release_process_groups
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if self.engine is not None:
+            self.engine.close()
+        release_process_groups()
 
 
 class LearnerGroup:

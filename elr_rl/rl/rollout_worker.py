@@ -101,7 +101,10 @@ class RolloutWorker:
         weights, version = pending
         t0 = time.perf_counter()
         self.weights_path.write_bytes(weights)
-        self.engine.update_weights(str(self.weights_path))
+        try:
+            self.engine.update_weights(str(self.weights_path))
+        finally:  # the engine holds the weights now; a worker killed later leaves nothing in /dev/shm
+            self.weights_path.unlink(missing_ok=True)
         self.version = version
         self._load_s += time.perf_counter() - t0
 

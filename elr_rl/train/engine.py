@@ -92,6 +92,24 @@ def _grad_norm(params) -> float:
     return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
 
 
+def release_process_groups() -> None:
+    """Destroy every process group and drop DeepSpeed's own handle on the world group, so that gloo's
+    threads are joined here, while the interpreter is alive, and not in its teardown at exit."""
+    import gc
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    try:
+        import deepspeed.utils.groups as ds_groups
+
+        ds_groups._WORLD_GROUP = None
+    except ImportError:
+        pass
+    gc.collect()
+
+
 class TrainEngine:
     """One data-parallel rank of a DeepSpeed engine around a LoopedForCausalLM."""
 
@@ -113,8 +131,7 @@ class TrainEngine:
         if model is None:
             model = LoopedForCausalLM(model_cfg)
         self._frozen: tuple[str, ...] = ()
-        for name, p in model.named_parameters():
-            p.register_hook(self._grad_gate(name))
+        self._hooks = [p.register_hook(self._grad_gate(name)) for name, p in model.named_parameters()]
         ds_cfg = deepspeed_config(train_cfg, world_size)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_cfg
@@ -125,6 +142,21 @@ class TrainEngine:
         self.dtype = torch.bfloat16 if train_cfg.engine.precision == "bf16" else torch.float32
         # ZeRO-0 in fp32 hands the torch optimizer over as is; DeepSpeed then reports no grad norm.
         self._plain_optimizer = self.zero_stage == 0 and self.dtype == torch.float32
+
+    def close(self) -> None:
+        """Release the engine: its hooks, DeepSpeed's, and its references to the process groups.
+
+        Tensor hooks live in C++, out of the garbage collector's sight: left in place, they keep the
+        DeepSpeed engine and its gloo process groups alive to interpreter exit, whose teardown of gloo's
+        threads then aborts the process now and then ("terminate called without an active exception").
+        Call once, after the last step, then `release_process_groups` (`Trainer.close` does both). ZeRO 0-2
+        end with no gloo thread left; ZeRO-3 still holds its engine (`train.launch.leave_spawned_rank`)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if getattr(self, "engine", None) is not None:
+            self.engine.destroy()
+            self.engine = self.optimizer = self.model = None
 
     # ------------------------------------------------------------------ freezing
     def _grad_gate(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:

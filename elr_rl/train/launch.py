@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from elr_rl.train.config import TrainConfig
 from elr_rl.train.rank import free_port, run_rank
@@ -22,6 +23,18 @@ from elr_rl.train.rank import free_port, run_rank
 
 def _spawned_rank(rank: int, cfg: TrainConfig, world_size: int, port: int) -> None:
     run_rank(cfg, rank, world_size, "127.0.0.1", port, local_rank=rank)
+    leave_spawned_rank()
+
+
+def leave_spawned_rank() -> NoReturn:
+    """End a spawned rank whose work is done and written, without the interpreter's teardown.
+
+    A gloo process group that DeepSpeed still holds (ZeRO-3 keeps its engine alive past
+    `Trainer.close`, which releases everything else) can abort the process in that teardown
+    now and then, and the launcher would then report a finished run as failed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch(cfg: TrainConfig) -> dict[str, Any] | None:

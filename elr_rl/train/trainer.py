@@ -286,10 +286,11 @@ class Trainer:
                 "dropped_too_long": dropped, "no_loop_targets": own, "preflight": [vars(r) for r in self.preflight]}
 
     def close(self) -> None:
-        import torch.distributed as dist
+        """End the run's resources: the TensorBoard writer, the engine, the process groups."""
+        from elr_rl.train.engine import release_process_groups
 
         if self.writer is not None:
             self.writer.close()
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+            self.writer = None
+        self.engine.close()
+        release_process_groups()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -110,6 +111,8 @@ def test_a_killed_rollout_worker_is_restarted_and_nothing_is_lost(toy_checkpoint
     assert summary["restarted_workers"] >= 1
     assert accounted(summary)
     assert rows(tmp_path / "run")[-1]["faults/restarted_workers"] >= 1
+    # a worker's weights file lives only while it loads them: the killed one left nothing in /dev/shm
+    assert not list(Path("/dev/shm").glob(f"elr-rl-worker-{killed['pid']}-*"))
 
 
 def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, tmp_path):

@@ -91,6 +91,8 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from elr_rl.config import load_config
     from elr_rl.train.config import TrainConfig
+    from elr_rl.train.engine import release_process_groups
+    from elr_rl.train.launch import leave_spawned_rank
     from elr_rl.train.trainer import Trainer
 
     out_dir = Path(out)
@@ -101,4 +103,5 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     results["ngpt"] = run_ngpt(load_config(TrainConfig, DORY_CONFIG, ngpt_overrides(out_dir)), rank, world)
     if rank == 0:
         torch.save(results, out_dir / "results.pt")
-    torch.distributed.destroy_process_group()
+    release_process_groups()
+    leave_spawned_rank()  # as the launcher's ranks do

@@ -134,3 +134,34 @@ def test_ngpt_weights_stay_normalised_in_bf16_masters(results):
     """Re-normalisation after each step reaches the fp32 master weights, not only the bf16 copies
     (a bf16-only renorm leaves masters off the sphere by ~1e-3 after one step)."""
     assert results["ngpt"]["max_norm_error"] < 1e-5
+
+
+CLOSE_PROBE = """
+import collections, json, os, sys
+from elr_rl.config import load_config
+from elr_rl.train.config import TrainConfig
+from elr_rl.train.rank import free_port, run_rank
+
+cfg = load_config(TrainConfig, sys.argv[1], sys.argv[2:])
+run_rank(cfg, 0, 1, "127.0.0.1", free_port(), local_rank=0)
+names = collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+print("THREADS " + json.dumps(names))
+"""
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_closed_trainer_leaves_no_process_group_threads(tmp_path, stage):
+    """After the run, Trainer.close releases the engine, its hooks and the gloo process groups: their
+    threads are joined before interpreter exit, where an unjoined one aborts the process now and then
+    (SIGABRT after the run had finished, seen in CI)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", CLOSE_PROBE, str(_scenarios.CONFIG), "engine.micro_batch_size=2",
+           "engine.grad_accum_steps=1", "data.seq_len=32", "run.total_steps=1", "run.eval_interval=0",
+           "run.progress=false", f"engine.zero_stage={stage}", f"run.output_dir={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(_scenarios.CONFIG.parents[1]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    threads = json.loads(proc.stdout.split("THREADS ", 1)[1])
+    left = {name: n for name, n in threads.items() if "gloo" in name or "tcpstore" in name}
+    assert not left, left
