@@ -122,22 +122,24 @@ def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, 
     from elr_rl.config import save_config
 
     save_config(cfg, config)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "elr_rl.cli", "rl", str(config), f"run.ray_address={ray_cluster}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    log = tmp_path / "driver.log"  # the killed driver's output, shown if it fails before its checkpoint
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "elr_rl.cli", "rl", str(config), f"run.ray_address={ray_cluster}"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
     ckpt = run / "checkpoints" / "step_0000002"
     try:
         deadline = time.time() + 300
         while not (ckpt / STATE_FILE).is_file():
-            assert proc.poll() is None, "the driver exited before its first checkpoint"
-            assert time.time() < deadline, "no checkpoint within 300 s"
+            assert proc.poll() is None, f"the driver exited before its first checkpoint:\n{_tail(log)}"
+            assert time.time() < deadline, f"no checkpoint within 300 s:\n{_tail(log)}"
             time.sleep(0.5)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver we started, and only it
         proc.wait(timeout=60)
     saved = json.loads((ckpt / STATE_FILE).read_text())
-    time.sleep(2)  # let Ray reap the dead driver's actors
+    _wait_for_free_cpus(60)  # Ray reaps the dead driver's actors
     driver = Driver(cfg)
     restarted = _kill_a_worker_right_after_start(driver)
     summary = driver.run()
@@ -158,6 +160,22 @@ def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, 
     assert resumed_state["curriculum"]["batches"] > saved["curriculum"]["batches"]
     assert resumed_state["ledger"]["scheduled"] >= saved["ledger"]["scheduled"]
     assert accounted(summary)
+
+
+def _tail(path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _wait_for_free_cpus(seconds: float) -> None:
+    """Until every CPU of the cluster is free again (a dead driver's actors are reaped), at most `seconds`."""
+    import ray
+
+    deadline = time.time() + seconds
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        if time.time() > deadline:
+            free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
+            raise AssertionError(f"{total - free} of {total} CPUs still held {seconds:.0f} s after the driver was killed")
+        time.sleep(0.2)
 
 
 def _kill_a_worker_right_after_start(driver) -> list:
