@@ -1,12 +1,14 @@
 """Rollout benchmark: vLLM against the PyTorch model's generate() on an RL-like batch, against the hardware.
 
-    python scripts/bench_rollout.py [--hidden 1024 --batch 16 --new-tokens 128 --threads 1 2]
+    python scripts/bench_rollout.py [--hidden 1024 --batch 8 --samples 8 --new-tokens 128 --threads 1 2]
 
-The batch is what an RL step generates: chat prompts of mixed lengths (--prompt-bytes lo hi),
+The batch is what an RL step generates: --batch chat prompts of mixed lengths (--prompt-bytes lo hi),
+each sampled --samples times (the GRPO group; 8 x 8 = 64 sequences, as in scripts/bench_rl.py),
 completions sampled at temperature 1 that stop at the checkpoint's stop token (the model's
 stop-token logit is calibrated so lengths spread like an RL run's: most short, some capped at
---new-tokens). A plain decoder keeps computing rows that have finished and pads every prompt to
-the longest one; vLLM does neither. Throughput counts useful tokens only (those up to each
+--new-tokens). A plain decoder keeps computing rows that have finished, pads every prompt to the
+longest one and prefills a prompt once per sample; vLLM does none of these (a group's samples share
+their prompt's whole KV blocks). Throughput counts useful tokens only (those up to each
 row's stop token), so the ratio vLLM / PyTorch includes the work the plain decoder wastes.
 
 Decode MFU = model FLOPs per generated token x tokens/s / ceiling (total MFU adds the prompts'
@@ -39,7 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=1024, help="hidden size (1024: about 47M parameters)")
     p.add_argument("--heads", type=int, default=16, help="attention heads (head_dim = hidden / heads)")
-    p.add_argument("--batch", type=int, default=16, help="prompts per batch")
+    p.add_argument("--batch", type=int, default=8, help="prompts per batch")
+    p.add_argument("--samples", type=int, default=8, help="completions per prompt (the GRPO group size)")
     p.add_argument("--prompt-bytes", type=int, nargs=2, default=(20, 160), help="prompt text length range")
     p.add_argument("--new-tokens", type=int, default=128, help="completion cap (max_tokens)")
     p.add_argument("--mean-tokens", type=float, default=40, help="target mean completion length")
@@ -171,6 +174,7 @@ def useful_tokens(rows: list[list[int]], stops: set[int]) -> list[int]:
 def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args) -> dict:
     """generate() on the batch left-padded to its longest prompt (masked: each row samples as it would alone,
     as in vLLM); it stops when every row has stopped."""
+    prompts = [p for p in prompts for _ in range(args.samples)]  # a group's rows side by side, as RL batches them
     width = max(len(p) for p in prompts)
     batch = torch.tensor([[codec.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -189,12 +193,21 @@ def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args) -> dict:
 def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args) -> dict:
     engine.set_k(k)
     start = time.perf_counter()
-    groups = engine.generate(prompts, n=1, max_tokens=args.new_tokens, temperature=1.0,
+    groups = engine.generate(prompts, n=args.samples, max_tokens=args.new_tokens, temperature=1.0,
                              stop_token_ids=codec.stop_token_ids)
     seconds = time.perf_counter() - start
-    lengths = [len(g.completions[0].token_ids) for g in groups]
+    lengths = [len(c.token_ids) for g in groups for c in g.completions]
     return {"seconds": seconds, "tokens": sum(lengths), "computed": sum(lengths), "lengths": lengths,
-            "prompt_tokens_computed": sum(len(p) for p in prompts)}
+            "prompt_tokens_computed": sum(prefilled(len(p), args.samples, engine) for p in prompts)}
+
+
+def prefilled(length: int, n: int, engine) -> int:
+    """Prompt tokens vLLM computes for n samples of one prompt: the first sample all of them; the others
+    read its whole blocks from the prefix cache (a hit stops short of the last token) and compute the rest."""
+    config = engine.llm.llm_engine.vllm_config.cache_config
+    block = config.block_size
+    shared = (length - 1) // block * block if config.enable_prefix_caching else 0
+    return length + (n - 1) * (length - shared)
 
 
 def summarise(run: dict, model, k: int, mean_prompt: float, ceiling: float) -> dict:
@@ -221,8 +234,8 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         for k in args.ks:
             raw["pytorch"][k] = bench_pytorch(model, prompts, codec, k, args)
             rates.append(matmul_gflops(getattr(torch, dtype)))
-    opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens, max_num_seqs=len(prompts),
-                         cpu_threads=threads)
+    opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens,
+                         max_num_seqs=len(prompts) * args.samples, cpu_threads=threads)
     engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
     try:
         bench_vllm(engine, prompts[:4], codec, 1, args)  # warm-up
@@ -253,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         model, codec, prompts = build_checkpoint(args, ckpt)
         model = model.to(getattr(torch, dtype))
         result: dict = {"model_params": model.num_parameters(), "dtype": dtype, "dtype_reason": why,
-                        "batch": args.batch, "new_tokens_cap": args.new_tokens,
+                        "batch": args.batch, "samples": args.samples, "new_tokens_cap": args.new_tokens,
                         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "runs": []}
         for threads in args.threads:
             result["runs"].append(run_at_threads(threads, model, ckpt, prompts, codec, dtype, args))
@@ -263,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(r: dict, head: dict) -> None:
-    print(f"\n{head['model_params'] / 1e6:.1f}M parameters, {head['dtype']}, {head['batch']} prompts of "
-          f"{head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, cap {head['new_tokens_cap']}; "
+    print(f"\n{head['model_params'] / 1e6:.1f}M parameters, {head['dtype']}, {head['batch']} prompts x "
+          f"{head['samples']} samples, prompts of {head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, "
+          f"cap {head['new_tokens_cap']}; "
           f"{r['threads']} thread(s), matmul ceiling {r['ceiling_gflops']} GFLOP/s")
     print(f"{'':10s}{'useful tok/s':>14s}{'mean/max len':>14s}{'waste':>8s}{'GFLOP/s':>10s}{'MFU':>8s}"
           f"{'+prefill MFU':>14s}")

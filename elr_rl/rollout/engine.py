@@ -40,6 +40,10 @@ _LOOP_FIELD = {"elr_looped": "num_loops", "dory": "n_recurrent_loops"}
 _MODE_FIELD = {"elr_looped": "kv_cache_mode", "dory": "recurrent_kv_cache_mode"}
 
 
+CPU_BLOCK_SIZE = 32
+"""KV-cache block size on CPU unless EngineOptions.block_size says otherwise (see there)."""
+
+
 @dataclass
 class EngineOptions:
     """How the vLLM engine is built (values, not behaviour: the mode decides the rest)."""
@@ -67,6 +71,11 @@ class EngineOptions:
     """vLLM logprobs mode: raw_logprobs (before temperature/top-p) or processed_logprobs."""
     shm_dir: str = "/dev/shm"
     """Where weight updates are staged as a safetensors file (falls back to the temp dir)."""
+    block_size: int | None = None
+    """KV-cache block size in tokens; None = 32 on CPU (the smallest its attention kernel takes), vLLM's
+    default elsewhere. A group's n samples share their prompt's KV in whole blocks only (per_loop mode,
+    prefix caching): at vLLM-CPU's default of 128 a shorter prompt was prefilled n times over, and 8
+    samples of 8 prompts of 28-161 tokens prefilled in 2.4-2.7 s against 0.97-1.02 s at 32 (measured)."""
     speculative_tokens: int = 0
     """Self-speculative decoding: the same weights at speculative_draft_k loops draft this many tokens a
     step and the engine's k verifies them (vLLM's draft-model method); 0 = off. per_loop cache mode only.
@@ -262,6 +271,9 @@ class RolloutEngine:
             _LOOP_FIELD[model_type]: self.k, _MODE_FIELD[model_type]: self.cache_mode, KV_LOOPS_KEY: self.kv_loops,
         }
         device_args = {"gpu_memory_utilization": opts.gpu_memory_utilization} if platform == "cuda" else {}
+        block_size = opts.block_size or (CPU_BLOCK_SIZE if platform == "cpu" else None)
+        if block_size:
+            device_args["block_size"] = block_size
         saved_omp = os.environ.get("OMP_NUM_THREADS")
         if platform == "cpu" and opts.in_process:
             # vLLM's CPU worker replaces torch.set_num_threads by a no-op; shutdown() restores both.

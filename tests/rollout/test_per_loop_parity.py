@@ -108,3 +108,19 @@ def test_cached_prefixes_never_cross_a_loop_count_or_a_weight_update(served):
     engine.update_weights(new_model.state_dict())
     served["model"] = new_model
     assert gap(4) <= TOL, "a prefix cached under the old weights was served after the update"
+
+
+def test_a_groups_samples_share_their_prompts_kv(served):
+    """vLLM schedules a prompt's n samples in one step, and the later ones read the first one's prompt
+    blocks (whole blocks only). vLLM-CPU's default block of 128 tokens shared nothing of shorter prompts,
+    so each sample prefilled its prompt again; the engine's CPU blocks are 32 tokens."""
+    from vllm import SamplingParams
+
+    engine = served["engine"]
+    engine.set_k(2)
+    prompt = list(range(100, 170))  # 70 tokens no other test sends: only its siblings can share them
+    out = engine.llm.generate([{"prompt_token_ids": prompt}], SamplingParams(n=4, max_tokens=4, detokenize=False),
+                              use_tqdm=False)
+    assert out[0].num_cached_tokens == 64, "the samples did not share their prompt's two full blocks"
+    groups = engine.generate([prompt + [7]], n=4, max_tokens=8, temperature=1.0)  # sharing serves the right KV
+    assert sampled_vs_teacher_forced(served["model"], groups, 2)[1] <= TOL
