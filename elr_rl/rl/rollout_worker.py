@@ -20,6 +20,7 @@ learner never waits for a worker's in-flight generation.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -32,7 +33,37 @@ from elr_rl.rl.config import RolloutConfig
 from elr_rl.rl.messages import FinishReason, GenerateReply, Group, Sample
 from elr_rl.text import TextCodec
 
+log = logging.getLogger(__name__)
+
 MAX_CONCURRENCY = 3  # a generate call, a parity logprob call waiting for the engine, and a control call
+WEIGHTS_FILE_PREFIX = "elr-rl-worker-"  # + pid-worker_id.safetensors: staged weights, alive only while loaded
+STALE_WEIGHTS_AGE_S = 600.0  # a load takes seconds; an older file of a dead pid is a killed worker's
+
+
+def sweep_stale_weight_files(directory: Path, min_age_s: float = STALE_WEIGHTS_AGE_S) -> list[Path]:
+    """Remove the weights files of workers killed while loading them (a killed worker cannot unlink its
+    file): the pid in the name is gone and the file is older than `min_age_s`. Returns what was removed."""
+    removed, now = [], time.time()
+    for path in directory.glob(f"{WEIGHTS_FILE_PREFIX}*-*.safetensors"):
+        try:
+            pid = int(path.name[len(WEIGHTS_FILE_PREFIX):].split("-", 1)[0])
+            if _alive(pid) or now - path.stat().st_mtime < min_age_s:
+                continue
+            path.unlink()
+        except (ValueError, OSError):  # not ours after all, or gone meanwhile
+            continue
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: nothing is sent, only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, someone else's
+        return True
+    return True
 
 
 class RolloutWorker:
@@ -51,7 +82,11 @@ class RolloutWorker:
         )
         self.k = 1
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-        self.weights_path = shm / f"elr-rl-worker-{os.getpid()}-{worker_id}.safetensors"
+        self.weights_path = shm / f"{WEIGHTS_FILE_PREFIX}{os.getpid()}-{worker_id}.safetensors"
+        stale = sweep_stale_weight_files(shm)
+        if stale:
+            log.warning("removed %d weights file(s) of rollout workers killed while loading them, e.g. %s",
+                        len(stale), stale[0])
         self.busy_s = 0.0
         self._engine_lock = threading.Lock()  # one engine call at a time
         self._pending: tuple[bytes, int] | None = None  # staged weights and their policy version
