@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from elr_rl.rl.driver import Driver
+from elr_rl.rl.rollout_worker import WEIGHTS_FILE_PREFIX
 from elr_rl.rl.run_state import STATE_FILE
 from tests.rl.helpers import make_config
 
@@ -112,7 +113,7 @@ def test_a_killed_rollout_worker_is_restarted_and_nothing_is_lost(toy_checkpoint
     assert accounted(summary)
     assert rows(tmp_path / "run")[-1]["faults/restarted_workers"] >= 1
     # a worker's weights file lives only while it loads them: the killed one left nothing in /dev/shm
-    assert not list(Path("/dev/shm").glob(f"elr-rl-worker-{killed['pid']}-*"))
+    assert not list(Path("/dev/shm").glob(f"{WEIGHTS_FILE_PREFIX}{killed['pid']}-*"))
 
 
 def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, tmp_path):
