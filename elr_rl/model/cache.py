@@ -120,3 +120,78 @@ class CachedCore:
             real = k_pos[None, None, :] >= pad[:, None, None]
             allowed = (allowed & real) | (q_pos[:, None] == k_pos[None, :])[None]
         return _attend(q, ck, cv, allowed)
+
+
+class SegmentCore:
+    """Attention over the segments of packed rows, computed per segment (no T x T mask).
+
+    A token sees the earlier tokens of its own segment and every token of its segment's
+    parent: a GRPO group packs its prompt once, then each completion as a segment whose
+    parent is the prompt, and every completion then attends exactly as it would after its
+    own copy of the prompt (positions continue from the prompt's). A segment with parent
+    -1 is a sequence on its own. Segments are contiguous runs of one id in a row; a parent
+    is an earlier segment of the same row. Each segment is one attention row over its
+    parent's keys and its own, so the cost is sum(len x (parent + len)), not (row length)^2,
+    and the outputs come back in stream order with no scatter.
+    """
+
+    def __init__(self, positions: torch.Tensor, segment_ids: torch.Tensor, parent_ids: torch.Tensor) -> None:
+        if segment_ids.shape != parent_ids.shape or segment_ids.dim() != 2:
+            raise ValueError(f"segment_ids {tuple(segment_ids.shape)} and parent_ids {tuple(parent_ids.shape)} "
+                             "must both be [B, T]")
+        B, T = segment_ids.shape
+        dev = segment_ids.device
+        seg, par = segment_ids.reshape(-1), parent_ids.reshape(-1)
+        row = torch.arange(B, device=dev).repeat_interleave(T)
+        change = torch.ones(B * T, dtype=torch.bool, device=dev)
+        change[1:] = (seg[1:] != seg[:-1]) | (row[1:] != row[:-1])
+        starts = change.nonzero().squeeze(1)
+        lens = torch.diff(starts, append=torch.tensor([B * T], device=dev))
+        # The parent of each run, found on the host (a batch holds tens to thousands of segments).
+        runs: dict[tuple[int, int], int] = {}
+        p_start, p_len = [], []
+        for r, (b, s, p, st) in enumerate(zip(row[starts].tolist(), seg[starts].tolist(), par[starts].tolist(),
+                                              starts.tolist())):
+            if (b, s) in runs:
+                raise ValueError(f"segment {s} of row {b} is not contiguous: pack each segment as one run")
+            runs[(b, s)] = r
+            if p < 0:
+                p_start.append(0), p_len.append(0)
+                continue
+            if (b, p) not in runs:
+                raise ValueError(f"segment {s} of row {b} names parent {p}, which is not an earlier segment of "
+                                 "that row: put the parent (the shared prompt) before its children")
+            if p == s:
+                raise ValueError(f"segment {s} of row {b} is its own parent: use parent -1 for a whole sequence")
+            q = runs[(b, p)]
+            p_start.append(int(starts[q])), p_len.append(int(lens[q]))
+        pst = torch.tensor(p_start, device=dev)
+        pln = torch.tensor(p_len, device=dev)
+        Q, P = int(lens.max()), int(pln.max()) if len(p_len) else 0
+        ar_q, ar_p = torch.arange(Q, device=dev), torch.arange(P, device=dev)
+        self.q_valid = ar_q[None] < lens[:, None]  # [R, Q]
+        self.q_idx = torch.where(self.q_valid, starts[:, None] + ar_q[None], 0)
+        p_valid = ar_p[None] < pln[:, None]
+        self.k_idx = torch.cat([torch.where(p_valid, pst[:, None] + ar_p[None], 0), self.q_idx], dim=1)  # [R, P + Q]
+        k_valid = torch.cat([p_valid, self.q_valid], dim=1)
+        order = torch.cat([torch.full((P,), -1, device=dev), ar_q])  # the parent comes before every own token
+        allowed = k_valid[:, None, :] & (order[None, None, :] <= ar_q[None, :, None])
+        # a pad query row sees its segment's first token: no empty softmax, and its output is dropped
+        allowed[:, :, P] |= ~self.q_valid
+        self._allowed = allowed
+        flat_pos = positions.reshape(-1) if positions.numel() == B * T else positions.expand(B, T).reshape(-1)
+        self._diff = flat_pos[self.q_idx][:, :, None] - flat_pos[self.k_idx][:, None, :]
+        self._windowed: dict[int, torch.Tensor] = {}
+
+    def __call__(self, q, k, v, layer_id: int, loop_idx: int, window: int | None) -> torch.Tensor:
+        shape = q.shape
+        qf, kf, vf = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])
+        allowed = self._allowed
+        if window is not None:
+            if window not in self._windowed:
+                w = self._allowed & (self._diff < window)
+                w[:, :, self._allowed.shape[-1] - self._allowed.shape[1]] |= ~self.q_valid
+                self._windowed[window] = w
+            allowed = self._windowed[window]
+        out = _attend(qf[self.q_idx], kf[self.k_idx], vf[self.k_idx], allowed)  # [R, Q, H, hd]
+        return out[self.q_valid].reshape(shape)  # runs tile the stream in order

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from elr_rl.model.cache import CachedCore, DenseCore, KVCache
+from elr_rl.model.cache import CachedCore, DenseCore, KVCache, SegmentCore
 from elr_rl.model.config import DoryConfig, ElrConfig, LoopSpec, config_from_dict
 from elr_rl.model.backbones import make_backbone_variant
 from elr_rl.model.layers import AttentionCore
@@ -170,8 +170,12 @@ class LoopedForCausalLM(nn.Module):
         positions: torch.Tensor | None = None,  # [B, T]; reset per packed document
         segment_ids: torch.Tensor | None = None,  # [B, T]; attention never crosses documents
         loop_readouts: bool = False,
+        parent_ids: torch.Tensor | None = None,  # [B, T]; a segment also sees its parent segment (shared prompts)
     ) -> torch.Tensor | list[torch.Tensor]:
         """Teacher-forced logits [B, T, V] (float32) at loop count k.
+
+        With `parent_ids` (and `segment_ids`), attention runs per segment (`SegmentCore`): a
+        completion packed after its group's one copy of the prompt sees it as if it were its own.
 
         With `loop_readouts`, one pass of k loops returns k logits tensors: the output block and
         head applied to the state after each loop (the last one is the plain forward's logits).
@@ -180,7 +184,12 @@ class LoopedForCausalLM(nn.Module):
         k = self._check_k(k)
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
-        core = DenseCore(positions, segment_ids)
+        if parent_ids is not None:
+            if segment_ids is None:
+                raise ValueError("parent_ids needs segment_ids: which segment each token belongs to")
+            core = SegmentCore(positions, segment_ids, parent_ids)
+        else:
+            core = DenseCore(positions, segment_ids)
         h = self.backbone(self.backbone.embeddings(input_ids), positions, core, k, readouts=loop_readouts)
         return [self.lm_head(x) for x in h] if loop_readouts else self.lm_head(h)
 

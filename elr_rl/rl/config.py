@@ -150,6 +150,9 @@ class LearnerConfig:
     """Linear lr warm-up in learner steps."""
     max_seq_len: int = 512
     """Prompt + response tokens per sample seen by the learner (longer samples are cut)."""
+    share_prompts: bool = True
+    """Compute each group's prompt once for all its samples (packed rows, exact); false: every sample
+    carries its own copy (still packed, no padding)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each rank needs, to place the learner on chosen nodes."""
 

@@ -217,7 +217,8 @@ class Driver:
         uninformative = int(stats["batch/uninformative_groups"])
         self.ledger["trained"] += len(groups) - uninformative
         self.ledger["uninformative"] += uninformative
-        lb = learner_batches(samples, c.learner.world_size, self.depth, c.algo.aggregation, c.curriculum.loop_counts)
+        lb = learner_batches(samples, c.learner.world_size, self.depth, c.algo.aggregation, c.curriculum.loop_counts,
+                             c.learner.share_prompts)
         dropped = self.buffer.dropped_stale - self.ledger["dropped_reported"]
         self.ledger["dropped_reported"] = self.buffer.dropped_stale
         lr = c.learner.optim.lr * warmup_factor(self.step, c.learner.warmup_steps)

@@ -1,7 +1,9 @@
 """GRPO as small pure functions on tensors.
 
 Shapes: per-token tensors are [B, T] over response tokens, with `mask` [B, T]
-(1 for tokens the policy produced, 0 for padding and environment text).
+(1 for tokens the policy produced, 0 for padding and environment text). In the
+learner's packed rows several sequences share a row: `sequence_ids` [B, T] says
+which, and `pred_index` [B, T] which position's logits predict each token.
 """
 
 from __future__ import annotations
@@ -25,9 +27,26 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards.max(dim=-1).values - rewards.min(dim=-1).values) > 0
 
 
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, pred_index: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+    """log pi(x_t | context) for every position t: [B, T].
+
+    The logits at row position `pred_index[b, t]` predict token t (default t - 1: one sequence per
+    row; position 0 then gets a meaningless value and must be masked). Uses logsumexp on the
+    logits rather than a [B, T, V] log_softmax.
+    """
+    B, T, V = logits.shape
+    if pred_index is None:
+        pred_index = (torch.arange(T, device=logits.device) - 1).clamp_min(0).expand(B, T)
+    rows = (pred_index + torch.arange(B, device=logits.device)[:, None] * T).reshape(-1)
+    flat = logits.reshape(B * T, V)
+    picked = flat[rows, input_ids.reshape(-1)]
+    return (picked - flat.logsumexp(-1)[rows]).reshape(B, T)
+
+
 def aggregate(
     per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token", global_denominator: float | None = None,
-    engine_divisor: float = 1.0,
+    engine_divisor: float = 1.0, sequence_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a per-token loss.
 
@@ -41,14 +60,24 @@ def aggregate(
     before backward and averages gradients over the data-parallel ranks: a piece returns
     its share times `engine_divisor` = accumulation steps x ranks, which undoes both, so the
     optimizer sees the gradient of the whole batch's loss.
+
+    The sequences are the rows, or with `sequence_ids` [B, T] (packed rows) the ids' groups of
+    tokens (untrained tokens may carry any id >= -1).
     """
     mask = mask.to(per_token.dtype)
     if mode == "token":
         denom = mask.sum().clamp_min(1.0) if global_denominator is None else global_denominator
         return (per_token * mask).sum() / denom * engine_divisor
     if mode == "sequence":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
-        denom = (mask.sum(-1) > 0).sum().clamp_min(1) if global_denominator is None else global_denominator
+        if sequence_ids is None:
+            num, count = (per_token * mask).sum(-1), mask.sum(-1)
+        else:
+            ids = sequence_ids.reshape(-1).clamp_min(0)
+            n = int(ids.max()) + 1 if ids.numel() else 1
+            num = per_token.new_zeros(n).index_add(0, ids, (per_token * mask).reshape(-1))
+            count = mask.new_zeros(n).index_add(0, ids, mask.reshape(-1))
+        per_seq = num / count.clamp_min(1.0)
+        denom = (count > 0).sum().clamp_min(1) if global_denominator is None else global_denominator
         return per_seq.sum() / denom * engine_divisor
     raise ValueError(f"loss aggregation must be 'token' or 'sequence', got {mode!r}")
 
@@ -111,6 +140,7 @@ def grpo_loss(
     entropy_coef: float = 0.0,
     global_denominator: float | None = None,
     engine_divisor: float = 1.0,
+    sequence_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The whole per-batch objective: TIS-weighted clipped surrogate + kl_coef * k3 - entropy_coef * H,
     aggregated over tokens or sequences (`aggregate`: the batch's `global_denominator` and DeepSpeed's
@@ -130,7 +160,7 @@ def grpo_loss(
         if entropy_coef:
             per_token = per_token - entropy_coef * entropy
         stats["entropy"] = float(entropy.detach()[m].mean()) if m.any() else 0.0
-    loss = aggregate(per_token, mask, aggregation, global_denominator, engine_divisor)
+    loss = aggregate(per_token, mask, aggregation, global_denominator, engine_divisor, sequence_ids)
     if m.any():
         stats["clip_frac"] = float(clipped[m].float().mean())
         stats["ratio_mean"] = float(torch.exp(logp - old_logp).detach()[m].mean())

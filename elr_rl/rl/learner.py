@@ -18,62 +18,81 @@ from elr_rl.rl.config import RLConfig
 from elr_rl.rl.messages import StepResult
 
 
+_MODEL_INPUTS = ("positions", "segment_ids", "parent_ids")
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The layout a microbatch gives the model besides its ids (a packed row's positions and segments)."""
+    return {name: batch[name] for name in _MODEL_INPUTS if batch.get(name) is not None}
+
+
+def targets(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(loss mask, pred_index) of a microbatch: a packed row says which logits predict each token; in a
+    row of its own, a token is predicted by the one before it and the first token is never trained."""
+    mask = batch["loss_mask"]
+    if batch.get("pred_index") is None:
+        mask = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, 1:]], dim=1)
+    return mask, batch.get("pred_index")
+
+
 def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[dict[str, float]]):
     """The GRPO objective as a TrainEngine loss function: (logits, microbatch) -> loss."""
     a = cfg.algo
     grad_accum_steps = len(cfg.curriculum.loop_counts)  # one microbatch per loop count (LearnerRank.setup)
 
-    def token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # log pi(x_{t+1} | x_<=t)
-
     def loss_fn(logits: torch.Tensor | list[torch.Tensor], batch: dict[str, Any]) -> torch.Tensor:
         readouts = logits if isinstance(logits, list) else [logits]  # loop_credit: one per loop, the last at k
         logits = readouts[-1]
         ids = batch["input_ids"]
-        mask = batch["loss_mask"][:, 1:]
-        logp = token_logp(logits, ids)
-        old = batch["old_logp"][:, 1:] if "old_logp" in batch else logp.detach()
+        mask, pred = targets(batch)
+        logp = grpo.token_logprobs(logits, ids, pred)
+        old = batch["old_logp"] if "old_logp" in batch else logp.detach()
         ref = None
         if ref_model is not None and a.kl_coef > 0:
             with torch.no_grad():
-                ref_logits = ref_model(ids, k=batch["k"])[:, :-1]
-                ref = ref_logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        if a.entropy_coef:
-            entropy = grpo.entropy_from_logits(logits[:, :-1])
-        else:  # logged only
-            with torch.no_grad():
-                entropy = grpo.entropy_from_logits(logits[:, :-1])
+                ref = grpo.token_logprobs(ref_model(ids, k=batch["k"], **model_inputs(batch)), ids, pred)
+        with torch.set_grad_enabled(bool(a.entropy_coef) and torch.is_grad_enabled()):  # else logged only
+            entropy = _at(grpo.entropy_from_logits(logits), pred)
         loss, stats = grpo.grpo_loss(
-            logp, old, batch["rollout_logp"][:, 1:], batch["advantages"], mask,
+            logp, old, batch["rollout_logp"], batch["advantages"], mask,
             clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, tis_cap=a.tis_cap,
             ref_logp=ref, kl_coef=a.kl_coef, entropy=entropy, entropy_coef=a.entropy_coef,
             global_denominator=float(batch["global_denominator"]),
-            engine_divisor=grad_accum_steps * cfg.learner.world_size,
+            engine_divisor=grad_accum_steps * cfg.learner.world_size, sequence_ids=batch.get("sequence_ids"),
         )
         if len(readouts) > 1 and a.loop_credit > 0:
-            loss = loss + a.loop_credit * loop_credit_term(readouts[:-1], ids, old, batch, mask, stats)
+            loss = loss + a.loop_credit * loop_credit_term(readouts[:-1], ids, pred, old, batch, mask, stats)
         stats["k"] = float(batch["k"])
         stats["tokens"] = float(mask.sum())
         sink.append(stats)
         return loss
 
-    def loop_credit_term(shallow: list[torch.Tensor], ids: torch.Tensor, old: torch.Tensor, batch: dict[str, Any],
-                         mask: torch.Tensor, stats: dict[str, float]) -> torch.Tensor:
+    def loop_credit_term(shallow: list[torch.Tensor], ids: torch.Tensor, pred: torch.Tensor | None,
+                         old: torch.Tensor, batch: dict[str, Any], mask: torch.Tensor,
+                         stats: dict[str, float]) -> torch.Tensor:
         """Mean over loops i < k of -A log pi_i(x) (times the sampling loop's truncated importance weights),
         aggregated as the main term is."""
-        weights = (grpo.truncated_is_weights(old, batch["rollout_logp"][:, 1:], cap=a.tis_cap)
+        weights = (grpo.truncated_is_weights(old, batch["rollout_logp"], cap=a.tis_cap)
                    if a.tis_cap is not None else 1.0)
         terms = []
         for z in shallow:
-            per_token = -batch["advantages"] * token_logp(z, ids) * weights
+            per_token = -batch["advantages"] * grpo.token_logprobs(z, ids, pred) * weights
             terms.append(grpo.aggregate(per_token, mask, a.aggregation, float(batch["global_denominator"]),
-                                        grad_accum_steps * cfg.learner.world_size))
+                                        grad_accum_steps * cfg.learner.world_size, batch.get("sequence_ids")))
         term = torch.stack(terms).mean()
         stats["loop_credit_loss"] = float(term.detach())
         return term
 
     loss_fn.loop_readouts = a.loop_credit > 0  # TrainEngine passes every loop's readout
     return loss_fn
+
+
+def _at(per_position: torch.Tensor, pred: torch.Tensor | None) -> torch.Tensor:
+    """A per-position quantity of the logits, at the position that predicts each token ([B, T])."""
+    B, T = per_position.shape
+    if pred is None:
+        return torch.cat([per_position[:, :1], per_position[:, :-1]], dim=1)
+    return per_position.reshape(-1)[(pred + torch.arange(B, device=pred.device)[:, None] * T).reshape(-1)].reshape(B, T)
 
 
 class LearnerRank:
@@ -126,9 +145,9 @@ class LearnerRank:
             with torch.no_grad():
                 self.engine.engine.eval()
                 for mb in microbatches:
-                    logits = self.engine.forward(self.engine.to_device(mb), mb["k"])[:, :-1]
-                    old = logits.log_softmax(-1).gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)
-                    mb["old_logp"] = torch.cat([old.new_zeros(old.shape[0], 1), old], dim=1)
+                    batch = self.engine.to_device(mb)
+                    mb["old_logp"] = grpo.token_logprobs(self.engine.forward(batch, mb["k"]), batch["input_ids"],
+                                                         batch.get("pred_index"))
         stats: list[dict[str, float]] = []
         losses: list[float] = []
         grad_norm = float("nan")

@@ -72,6 +72,8 @@ class TrainSample:
     rollout_logp: list[float]  # aligned with ids
     advantage: float
     k: int
+    prompt_len: int = 0  # ids[:prompt_len] is the prompt, the same for every sample of the group
+    group: int = -1  # the samples of one group (>= 0) share their prompt in the learner's packed rows
 
 
 @dataclass
@@ -88,7 +90,7 @@ def select_samples(groups: list[Group], std_normalize: bool, dynamic_sampling: b
     """Group-normalised advantages, then the filters (dynamic sampling, overlong)."""
     out: list[TrainSample] = []
     n_uninformative = n_overlong = 0
-    for g in groups:
+    for gi, g in enumerate(groups):
         rewards = torch.tensor([g.rewards()], dtype=torch.float32)
         if dynamic_sampling and not bool(grpo.informative_groups(rewards)[0]):
             n_uninformative += 1
@@ -101,59 +103,127 @@ def select_samples(groups: list[Group], std_normalize: bool, dynamic_sampling: b
             ids = (s.prompt_ids + s.response_ids)[:max_seq_len]
             mask = ([0] * len(s.prompt_ids) + list(s.response_mask))[:max_seq_len]
             logp = ([0.0] * len(s.prompt_ids) + list(s.rollout_logprobs))[:max_seq_len]
-            out.append(TrainSample(ids, mask, logp, a, g.k))
+            out.append(TrainSample(ids, mask, logp, a, g.k, prompt_len=min(len(s.prompt_ids), max_seq_len), group=gi))
     stats = {"batch/uninformative_groups": float(n_uninformative), "batch/overlong_samples": float(n_overlong),
              "batch/trained_samples": float(len(out))}
     return out, stats
 
 
-def _collate(samples: list[TrainSample], global_denominator: float) -> dict[str, torch.Tensor]:
-    """Right-padded tensors of one microbatch; an empty list gives one all-masked pad row."""
-    # Padding sits after each row's tokens and carries no loss, so a causal model never lets it
-    # change a real position: any valid id will do (0 exists in every vocabulary).
+def _shares_prompt(s: TrainSample) -> bool:
+    """A sample whose prompt can be shared: it has one, something after it, and no trained token in it."""
+    return s.group >= 0 and 0 < s.prompt_len < len(s.ids) and not any(s.loss_mask[: s.prompt_len])
+
+
+def pack_units(samples: list[TrainSample], share_prompts: bool) -> list[list[int]]:
+    """Indices of the samples that go into the learner together: with `share_prompts`, the samples of one
+    group at one loop count with the same prompt; every other sample alone. In first-seen order."""
+    units: dict[tuple, list[int]] = {}
+    for i, s in enumerate(samples):
+        key = (s.k, s.group, tuple(s.ids[: s.prompt_len])) if share_prompts and _shares_prompt(s) else ("alone", i)
+        units.setdefault(key, []).append(i)
+    return list(units.values())
+
+
+def unit_tokens(samples: list[TrainSample], unit: list[int]) -> int:
+    """Tokens a unit puts in the packed row: the shared prompt once, then each sample's tail."""
+    if len(unit) == 1:
+        return len(samples[unit[0]].ids)
+    p = samples[unit[0]].prompt_len
+    return p + sum(len(samples[i].ids) - p for i in unit)
+
+
+_PACK_LONG = ("input_ids", "positions", "segment_ids", "parent_ids", "pred_index", "sequence_ids")
+_PACK_FLOAT = ("loss_mask", "rollout_logp", "advantages")
+
+
+def pack(samples: list[TrainSample], global_denominator: float, share_prompts: bool = True) -> dict[str, torch.Tensor]:
+    """One microbatch as one packed row [1, T], no padding; the model attends per segment (`SegmentCore`).
+
+    A sample is a segment of its own; with `share_prompts`, a group's samples with the same prompt share
+    one copy of it: the prompt is a segment, and each sample's tail a segment whose parent is the prompt
+    (positions continuing from it), so every tail sees exactly what it sees in its own sequence. The
+    per-token tensors are aligned with `input_ids`: `pred_index[t]` is the row index whose logits predict
+    token t (the previous token of its own sequence; a tail's first token: the prompt's last),
+    `sequence_ids` the sample a token belongs to (-1 for a shared prompt), `advantages` its sample's
+    advantage. An empty list gives one untrained two-token row.
+    """
+    cols: dict[str, list] = {name: [] for name in _PACK_LONG + _PACK_FLOAT}
+
+    def emit(ids, positions, seg, parent, first_pred, mask, logp, adv, seq):
+        start = len(cols["input_ids"])
+        cols["input_ids"] += ids
+        cols["positions"] += positions
+        cols["segment_ids"] += [seg] * len(ids)
+        cols["parent_ids"] += [parent] * len(ids)
+        cols["pred_index"] += [first_pred] + list(range(start, start + len(ids) - 1))
+        cols["loss_mask"] += mask
+        cols["rollout_logp"] += logp
+        cols["advantages"] += [adv] * len(ids)
+        cols["sequence_ids"] += [seq] * len(ids)
+
     rows = samples or [TrainSample([0, 0], [0, 0], [0.0, 0.0], 0.0, 1)]
-    T = max(len(s.ids) for s in rows)
-    ids = torch.zeros((len(rows), T), dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.float32)
-    logp = torch.zeros(len(rows), T, dtype=torch.float32)
-    for i, s in enumerate(rows):
-        ids[i, : len(s.ids)] = torch.tensor(s.ids)
-        mask[i, : len(s.ids)] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        logp[i, : len(s.ids)] = torch.tensor(s.rollout_logp)
-    adv = torch.tensor([[s.advantage] for s in rows], dtype=torch.float32)
-    return {"input_ids": ids, "loss_mask": mask, "rollout_logp": logp, "advantages": adv,
-            "global_denominator": torch.tensor(global_denominator)}
+    seg = 0
+    for unit in pack_units(rows, share_prompts):
+        if len(unit) == 1:  # a sequence on its own; its first token has no context and is never trained
+            s = rows[unit[0]]
+            emit(s.ids, list(range(len(s.ids))), seg, -1, len(cols["input_ids"]), [0] + list(s.loss_mask[1:]),
+                 list(s.rollout_logp), s.advantage, unit[0] if samples else -1)
+            seg += 1
+            continue
+        first = rows[unit[0]]
+        p = first.prompt_len
+        emit(first.ids[:p], list(range(p)), seg, -1, len(cols["input_ids"]), [0] * p, [0.0] * p, 0.0, -1)
+        prompt_seg, prompt_last = seg, len(cols["input_ids"]) - 1
+        seg += 1
+        for i in unit:
+            s = rows[i]
+            emit(s.ids[p:], list(range(p, len(s.ids))), seg, prompt_seg, prompt_last, list(s.loss_mask[p:]),
+                 list(s.rollout_logp[p:]), s.advantage, i)
+            seg += 1
+    out = {name: torch.tensor([cols[name]], dtype=torch.long) for name in _PACK_LONG}
+    out |= {name: torch.tensor([cols[name]], dtype=torch.float32) for name in _PACK_FLOAT}
+    out["global_denominator"] = torch.tensor(global_denominator)
+    return out
 
 
 def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable[[int], int],
-                    aggregation: str, loop_counts: list[int]) -> LearnerBatch:
+                    aggregation: str, loop_counts: list[int], share_prompts: bool = True) -> LearnerBatch:
     """Split samples over ranks (greedy by cost = tokens x D_eff(k)) and into one microbatch per k.
 
-    Every rank gets one microbatch per entry of `loop_counts` (empty ones are a masked pad
-    row), so every rank runs the same number of backward passes and the gradient
-    all-reduces line up; all depths meet in one optimizer step. Every microbatch carries the
-    whole batch's `global_denominator` (trained tokens, or sequences with a trained token, per
-    `aggregation`), so the pieces' losses add up to the batch's (`grpo.aggregate`).
+    Every rank gets one microbatch per entry of `loop_counts` (empty ones are an untrained two-token
+    row), so every rank runs the same number of backward passes and the gradient all-reduces line
+    up; all depths meet in one optimizer step. A microbatch is one packed row (`pack`): no padding,
+    and with `share_prompts` each group's prompt computed once for all its samples; a group's
+    samples at one k stay on one rank. Every microbatch carries the whole batch's
+    `global_denominator` (trained tokens, or sequences with a trained token, per `aggregation`), so
+    the pieces' losses add up to the batch's (`grpo.aggregate`).
     """
     ks = list(loop_counts)
     unknown = {s.k for s in samples} - set(ks)
     if unknown:
         raise ValueError(f"samples at loop counts {sorted(unknown)} are not in loop_counts {ks}")
+    units = pack_units(samples, share_prompts)
+    cost = [unit_tokens(samples, u) * depth(samples[u[0]].k) for u in units]
     loads = [0.0] * world_size
     per_rank: list[list[TrainSample]] = [[] for _ in range(world_size)]
-    for s in sorted(samples, key=lambda s: -len(s.ids) * depth(s.k)):
+    for j in sorted(range(len(units)), key=lambda j: -cost[j]):
         r = min(range(world_size), key=loads.__getitem__)
-        per_rank[r].append(s)
-        loads[r] += len(s.ids) * depth(s.k)
+        per_rank[r] += [samples[i] for i in units[j]]
+        loads[r] += cost[j]
+    # a sample's first token has no context and is never trained (`pack`)
     if aggregation == "token":
-        denominator = sum(sum(s.loss_mask) for s in samples)
+        denominator = sum(sum(s.loss_mask[1:]) for s in samples)
     else:
-        denominator = sum(1 for s in samples if sum(s.loss_mask) > 0)
+        denominator = sum(1 for s in samples if any(s.loss_mask[1:]))
     denominator = max(float(denominator), 1.0)
-    mbs = [[_collate([s for s in rank if s.k == k], denominator) | {"k": k} for k in ks] for rank in per_rank]
+    mbs = [[pack([s for s in rank if s.k == k], denominator, share_prompts) | {"k": k} for k in ks]
+           for rank in per_rank]
     cost_max, cost_mean = max(loads), sum(loads) / world_size
+    computed = sum(unit_tokens(samples, u) for u in units)
     stats = {"batch/rank_cost_imbalance": cost_max / cost_mean if cost_mean else 1.0,
-             "batch/normalizer": denominator}
+             "batch/normalizer": denominator,
+             "batch/learner_tokens": float(computed),
+             "batch/shared_prompt_tokens": float(sum(len(s.ids) for s in samples) - computed)}
     return LearnerBatch(mbs, [list(ks) for _ in range(world_size)], stats)
 
 

@@ -177,6 +177,8 @@ class TrainEngine:
     def forward(self, batch: dict, k: int, loop_readouts: bool = False) -> torch.Tensor | list[torch.Tensor]:
         """Logits [B, T, V] (float32) of a packed batch at loop count k (`loop_readouts`: one per loop)."""
         extra = {"loop_readouts": True} if loop_readouts else {}  # the plain call stays as it was
+        if batch.get("parent_ids") is not None:  # packed RL groups: a prompt shared by its completions
+            extra["parent_ids"] = batch["parent_ids"]
         return self.engine(batch["input_ids"], k=k, positions=batch.get("positions"),
                            segment_ids=batch.get("segment_ids"), **extra)
 

@@ -11,7 +11,7 @@ import torch
 from curriculum.routing import Assignment
 from elr_rl.rl import grpo
 from elr_rl.rl.messages import FinishReason, Group, Sample
-from elr_rl.rl.samples import RolloutBuffer, TrainSample, _collate, learner_batches, select_samples, take_one_loop_count
+from elr_rl.rl.samples import RolloutBuffer, TrainSample, learner_batches, pack, select_samples, take_one_loop_count
 
 
 def _a(i: int, k: int) -> Assignment:
@@ -65,36 +65,82 @@ def test_filters_drop_uninformative_groups_and_overlong_samples():
     assert [s.advantage for s in kept[:4]] == [0.0, 0.0, 0.5, -0.5]  # Dr. GRPO: no std division
 
 
-@pytest.mark.parametrize("aggregation", ["token", "sequence"])
-def test_per_rank_microbatches_add_up_to_the_whole_batch_loss(aggregation):
-    """What DeepSpeed applies (each microbatch's loss / accumulation steps, averaged over ranks) equals the
-    loss of the whole batch in one piece."""
+def _grouped_samples() -> list[TrainSample]:
+    """Groups sharing a prompt (of 2-5 tokens) at several loop counts, a lone sample, one with nothing
+    trained, and one whose prompt is cut to its whole length."""
     g = torch.Generator().manual_seed(0)
     samples = []
     for i in range(11):
-        n = 3 + i % 5
-        mask = [0, 0] + [int(x) for x in (torch.rand(n, generator=g) > 0.2).tolist()]
+        group, k = i // 3, 1 + (i // 3) % 3
+        p, n = 2 + group, 3 + i % 5
+        mask = [0] * p + [int(x) for x in (torch.rand(n, generator=g) > 0.2).tolist()]
         if i == 4:
             mask = [0] * len(mask)  # a sample with nothing to train counts for no sequence
-        samples.append(TrainSample(list(range(1, n + 3)), mask, [0.0] * (n + 2), float(i % 3 - 1), k=1 + i % 3))
+        ids = [100 + group] * p + torch.randint(1, 99, (n,), generator=g).tolist()
+        samples.append(TrainSample(ids, mask, [0.0] * len(ids), float(i % 3 - 1), k=k, prompt_len=p, group=group))
+    samples.append(TrainSample([7, 8, 9], [0, 1, 1], [0.0, -1.0, -2.0], 0.5, k=2))  # no group: alone
+    samples.append(TrainSample([5, 5, 5], [0, 0, 0], [0.0] * 3, 1.0, k=1, prompt_len=3, group=9))  # prompt only
+    return samples
+
+
+def _per_token(s: TrainSample, t: int) -> float:
+    """Any per-token loss that depends on the sample, its token and that token's context."""
+    return s.advantage * (s.ids[t] + 0.1 * s.ids[t - 1]) % 7.0
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_per_rank_microbatches_add_up_to_the_whole_batch_loss(aggregation, share):
+    """What DeepSpeed applies (each microbatch's loss / accumulation steps, averaged over ranks) equals the
+    loss of the whole batch computed sample by sample."""
+    samples = _grouped_samples()
     ks, world = [1, 2, 3, 4], 2
-    lb = learner_batches(samples, world, lambda k: 2 + k, aggregation, ks)
+    lb = learner_batches(samples, world, lambda k: 2 + k, aggregation, ks, share_prompts=share)
     assert [len(r) for r in lb.microbatches] == [len(ks)] * world and lb.ks == [ks] * world  # same count per rank
     placed = [mb["loss_mask"].sum().item() for r in lb.microbatches for mb in r]
-    assert sum(placed) == sum(sum(s.loss_mask) for s in samples)  # every trained token placed once
+    assert sum(placed) == sum(sum(s.loss_mask[1:]) for s in samples)  # every trained token placed once
+    total = sum(len(s.ids) for s in samples)
+    shared = sum(s.prompt_len * (n - 1) for s, n in [(samples[0], 3), (samples[3], 3), (samples[6], 3),
+                                                      (samples[9], 2)])
+    assert lb.stats["batch/learner_tokens"] == total - (shared if share else 0)
+    assert sum(mb["input_ids"].shape[1] for r in lb.microbatches for mb in r) == (
+        lb.stats["batch/learner_tokens"] + 2 * sum(1 for r in lb.microbatches for mb in r if mb["loss_mask"].sum() == 0
+                                                   and mb["input_ids"].shape[1] == 2))
 
-    def per_token(mb):  # any per-token loss that depends on the sample
-        return mb["advantages"] * mb["input_ids"].float().sin()
+    def per_token(mb):  # the same loss on the packed row: the token and the one its logits come from
+        ids = mb["input_ids"].float()
+        return mb["advantages"] * (ids + 0.1 * ids[0, mb["pred_index"][0]]) % 7.0
 
     applied = sum(
         grpo.aggregate(per_token(mb), mb["loss_mask"], aggregation, float(mb["global_denominator"]),
-                       engine_divisor=len(ks) * world) / len(ks)
+                       engine_divisor=len(ks) * world, sequence_ids=mb["sequence_ids"]) / len(ks)
         for rank in lb.microbatches for mb in rank) / world
-    whole = _collate(samples, 1.0)
-    expected = grpo.aggregate(per_token(whole), whole["loss_mask"], aggregation)
-    assert torch.allclose(applied, expected, atol=1e-6)
+    per_sample = [(sum(_per_token(s, t) * s.loss_mask[t] for t in range(1, len(s.ids))), sum(s.loss_mask[1:]))
+                  for s in samples]
+    if aggregation == "token":
+        expected = sum(n for n, _ in per_sample) / sum(c for _, c in per_sample)
+    else:
+        expected = sum(n / c for n, c in per_sample if c) / sum(1 for _, c in per_sample if c)
+    assert float(applied) == pytest.approx(expected, abs=1e-5)
     with pytest.raises(ValueError, match="loop_counts"):
         learner_batches(samples, world, lambda k: k, aggregation, [1, 2])
+
+
+def test_a_shared_prompt_is_packed_once_and_each_tail_continues_it():
+    s = [TrainSample([1, 2, 3, 10, 11], [0, 0, 0, 1, 1], [0, 0, 0, -1.0, -2.0], 1.0, k=1, prompt_len=3, group=0),
+         TrainSample([1, 2, 3, 20], [0, 0, 0, 1], [0, 0, 0, -3.0], -1.0, k=1, prompt_len=3, group=0),
+         TrainSample([1, 2, 4, 30], [0, 0, 0, 1], [0, 0, 0, -4.0], 0.5, k=1, prompt_len=3, group=0)]  # other prompt
+    mb = pack(s, 4.0)
+    row = lambda name: mb[name][0].tolist()  # noqa: E731
+    assert row("input_ids") == [1, 2, 3, 10, 11, 20, 1, 2, 4, 30]
+    assert row("positions") == [0, 1, 2, 3, 4, 3, 0, 1, 2, 3]
+    assert row("segment_ids") == [0, 0, 0, 1, 1, 2, 3, 3, 3, 3]
+    assert row("parent_ids") == [-1, -1, -1, 0, 0, 0, -1, -1, -1, -1]
+    assert row("pred_index")[3:6] == [2, 3, 2] and row("pred_index")[9] == 8  # tails continue the prompt
+    assert row("loss_mask") == [0, 0, 0, 1, 1, 1, 0, 0, 0, 1]
+    assert row("rollout_logp")[3:6] == [-1.0, -2.0, -3.0] and row("advantages")[5] == -1.0
+    assert row("sequence_ids") == [-1, -1, -1, 0, 0, 1, 2, 2, 2, 2]
+    assert pack(s, 4.0, share_prompts=False)["input_ids"].shape[1] == 13  # every sample whole
 
 
 def test_prompts_too_long_for_the_engine_are_counted_and_a_run_where_none_fits_stops(tmp_path):
