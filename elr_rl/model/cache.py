@@ -23,6 +23,11 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     if KV != H:
         kh = kh.repeat_interleave(H // KV, dim=1)
         vh = vh.repeat_interleave(H // KV, dim=1)
+    if qh.device.type == "cpu" and qh.dtype in (torch.bfloat16, torch.float16):
+        # PyTorch's CPU attention kernel runs half precision 1.6-3x slower than fp32 (forward + backward, measured
+        # on AVX-512 with bf16 at an RL batch's shapes): attend in fp32, which is also the more exact
+        out = F.scaled_dot_product_attention(qh.float(), kh.float(), vh.float(), attn_mask=allowed.unsqueeze(1))
+        return out.to(q.dtype).transpose(1, 2)
     out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed.unsqueeze(1))
     return out.transpose(1, 2)  # [B, Tq, H, hd]
 
@@ -131,9 +136,13 @@ class SegmentCore:
     own copy of the prompt (positions continue from the prompt's). A segment with parent
     -1 is a sequence on its own. Segments are contiguous runs of one id in a row; a parent
     is an earlier segment of the same row. Each segment is one attention row over its
-    parent's keys and its own, so the cost is sum(len x (parent + len)), not (row length)^2,
-    and the outputs come back in stream order with no scatter.
+    parent's keys and its own, so the cost is sum(len x (parent + len)), not (row length)^2.
+    Rows of similar length go into one call (`BUCKET_RATIO`), so a short completion is not
+    padded to its prompt's length.
     """
+
+    BUCKET_RATIO = 1.5
+    """A call's longest segment is at most this many times its shortest (sorted by length)."""
 
     def __init__(self, positions: torch.Tensor, segment_ids: torch.Tensor, parent_ids: torch.Tensor) -> None:
         if segment_ids.shape != parent_ids.shape or segment_ids.dim() != 2:
@@ -145,53 +154,70 @@ class SegmentCore:
         row = torch.arange(B, device=dev).repeat_interleave(T)
         change = torch.ones(B * T, dtype=torch.bool, device=dev)
         change[1:] = (seg[1:] != seg[:-1]) | (row[1:] != row[:-1])
-        starts = change.nonzero().squeeze(1)
-        lens = torch.diff(starts, append=torch.tensor([B * T], device=dev))
+        starts_t = change.nonzero().squeeze(1)
+        starts = starts_t.tolist()
+        lens = torch.diff(starts_t, append=torch.tensor([B * T], device=dev)).tolist()
         # The parent of each run, found on the host (a batch holds tens to thousands of segments).
         runs: dict[tuple[int, int], int] = {}
-        p_start, p_len = [], []
-        for r, (b, s, p, st) in enumerate(zip(row[starts].tolist(), seg[starts].tolist(), par[starts].tolist(),
-                                              starts.tolist())):
+        parent_of: list[int] = []
+        for r, (b, s, p) in enumerate(zip(row[starts_t].tolist(), seg[starts_t].tolist(), par[starts_t].tolist())):
             if (b, s) in runs:
                 raise ValueError(f"segment {s} of row {b} is not contiguous: pack each segment as one run")
             runs[(b, s)] = r
-            if p < 0:
-                p_start.append(0), p_len.append(0)
-                continue
-            if (b, p) not in runs:
-                raise ValueError(f"segment {s} of row {b} names parent {p}, which is not an earlier segment of "
-                                 "that row: put the parent (the shared prompt) before its children")
             if p == s:
                 raise ValueError(f"segment {s} of row {b} is its own parent: use parent -1 for a whole sequence")
-            q = runs[(b, p)]
-            p_start.append(int(starts[q])), p_len.append(int(lens[q]))
-        pst = torch.tensor(p_start, device=dev)
-        pln = torch.tensor(p_len, device=dev)
-        Q, P = int(lens.max()), int(pln.max()) if len(p_len) else 0
+            if p >= 0 and (b, p) not in runs:
+                raise ValueError(f"segment {s} of row {b} names parent {p}, which is not an earlier segment of "
+                                 "that row: put the parent (the shared prompt) before its children")
+            parent_of.append(runs[(b, p)] if p >= 0 else -1)
+        self.flat_pos = positions.reshape(-1) if positions.numel() == B * T else positions.expand(B, T).reshape(-1)
+        self.buckets: list[dict[str, torch.Tensor]] = []
+        bucket: list[int] = []
+        for r in sorted(range(len(starts)), key=lens.__getitem__):
+            if bucket and lens[r] > self.BUCKET_RATIO * lens[bucket[0]]:
+                self.buckets.append(self._bucket(bucket, starts, lens, parent_of, dev))
+                bucket = []
+            bucket.append(r)
+        self.buckets.append(self._bucket(bucket, starts, lens, parent_of, dev))
+        order = torch.cat([b["q_idx"][b["q_valid"]] for b in self.buckets])  # stream index of each output
+        self.inverse = None if len(self.buckets) == 1 else torch.empty_like(order).scatter_(
+            0, order, torch.arange(order.numel(), device=dev))
+
+    @staticmethod
+    def _bucket(members: list[int], starts: list[int], lens: list[int], parent_of: list[int],
+                dev: torch.device) -> dict[str, torch.Tensor]:
+        """Index tensors of one attention call over the runs `members` (in stream order)."""
+        members = sorted(members)
+        st = torch.tensor([starts[r] for r in members], device=dev)
+        ln = torch.tensor([lens[r] for r in members], device=dev)
+        pst = torch.tensor([starts[parent_of[r]] if parent_of[r] >= 0 else 0 for r in members], device=dev)
+        pln = torch.tensor([lens[parent_of[r]] if parent_of[r] >= 0 else 0 for r in members], device=dev)
+        Q, P = int(ln.max()), int(pln.max())
         ar_q, ar_p = torch.arange(Q, device=dev), torch.arange(P, device=dev)
-        self.q_valid = ar_q[None] < lens[:, None]  # [R, Q]
-        self.q_idx = torch.where(self.q_valid, starts[:, None] + ar_q[None], 0)
+        q_valid = ar_q[None] < ln[:, None]  # [R, Q]
+        q_idx = torch.where(q_valid, st[:, None] + ar_q[None], 0)
         p_valid = ar_p[None] < pln[:, None]
-        self.k_idx = torch.cat([torch.where(p_valid, pst[:, None] + ar_p[None], 0), self.q_idx], dim=1)  # [R, P + Q]
-        k_valid = torch.cat([p_valid, self.q_valid], dim=1)
-        order = torch.cat([torch.full((P,), -1, device=dev), ar_q])  # the parent comes before every own token
-        allowed = k_valid[:, None, :] & (order[None, None, :] <= ar_q[None, :, None])
-        # a pad query row sees its segment's first token: no empty softmax, and its output is dropped
-        allowed[:, :, P] |= ~self.q_valid
-        self._allowed = allowed
-        flat_pos = positions.reshape(-1) if positions.numel() == B * T else positions.expand(B, T).reshape(-1)
-        self._diff = flat_pos[self.q_idx][:, :, None] - flat_pos[self.k_idx][:, None, :]
-        self._windowed: dict[int, torch.Tensor] = {}
+        k_idx = torch.cat([torch.where(p_valid, pst[:, None] + ar_p[None], 0), q_idx], dim=1)  # [R, P + Q]
+        k_valid = torch.cat([p_valid, q_valid], dim=1)
+        key_order = torch.cat([torch.full((P,), -1, device=dev), ar_q])  # the parent comes before every own token
+        allowed = k_valid[:, None, :] & (key_order[None, None, :] <= ar_q[None, :, None])
+        allowed[:, :, P] |= ~q_valid  # a pad query sees its segment's first token: no empty softmax (dropped)
+        return {"q_idx": q_idx, "q_valid": q_valid, "k_idx": k_idx, "allowed": allowed, "P": torch.tensor(P)}
+
+    def _allowed(self, b: dict[str, torch.Tensor], window: int | None) -> torch.Tensor:
+        if window is None:
+            return b["allowed"]
+        if window not in b:  # by position, as DenseCore: q_pos - k_pos < window
+            diff = self.flat_pos[b["q_idx"]][:, :, None] - self.flat_pos[b["k_idx"]][:, None, :]
+            w = b["allowed"] & (diff < window)
+            w[:, :, int(b["P"])] |= ~b["q_valid"]
+            b[window] = w
+        return b[window]
 
     def __call__(self, q, k, v, layer_id: int, loop_idx: int, window: int | None) -> torch.Tensor:
         shape = q.shape
         qf, kf, vf = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])
-        allowed = self._allowed
-        if window is not None:
-            if window not in self._windowed:
-                w = self._allowed & (self._diff < window)
-                w[:, :, self._allowed.shape[-1] - self._allowed.shape[1]] |= ~self.q_valid
-                self._windowed[window] = w
-            allowed = self._windowed[window]
-        out = _attend(qf[self.q_idx], kf[self.k_idx], vf[self.k_idx], allowed)  # [R, Q, H, hd]
-        return out[self.q_valid].reshape(shape)  # runs tile the stream in order
+        outs = [_attend(qf[b["q_idx"]], kf[b["k_idx"]], vf[b["k_idx"]], self._allowed(b, window))[b["q_valid"]]
+                for b in self.buckets]
+        out = outs[0] if self.inverse is None else torch.cat(outs)[self.inverse]
+        return out.reshape(shape)
