@@ -168,11 +168,16 @@ class LearnerRank:
         return StepResult(losses, grad_norm, stats, time.perf_counter() - t0, ref, compute_s=compute_s, cpu_s=cpu_s)
 
     def weights(self) -> bytes:
-        """The full fp32 state dict as safetensors bytes (what rollout workers load)."""
+        """The full state dict as safetensors bytes (what rollout workers load): fp32, or bf16 when the
+        workers run bf16 (they round to it on load anyway; half the bytes to serialise, ship and stage)."""
         from safetensors.torch import save
 
         state = self.engine.full_state_dict()
-        return save(state) if self.rank == 0 else b""
+        if self.rank != 0:
+            return b""
+        if self.cfg.rollout.dtype == "bfloat16":
+            state = {name: t.to(torch.bfloat16) for name, t in state.items()}
+        return save(state)
 
     def param_checksum(self) -> float:
         """Sum of squares of this rank's full weights (data-parallel ranks must agree; all ranks call)."""

@@ -100,3 +100,18 @@ def test_a_sequence_without_parent_is_plain_causal_attention_and_bad_layouts_say
         SegmentCore(p, torch.tensor([[0, 0, 1, 1]]), torch.tensor([[1, 1, -1, -1]]))
     with pytest.raises(ValueError, match="needs segment_ids"):
         model(stream, parent_ids=torch.full_like(seg, -1))
+
+
+def test_rows_of_a_batch_keep_their_segments_apart():
+    """Segment ids repeat across rows; a batch of two packed rows gives each row's own logits."""
+    torch.manual_seed(0)
+    model = LoopedForCausalLM(CONFIGS["elr_swa_conditioned"]()).eval()
+    g = torch.Generator().manual_seed(2)
+    rnd = lambda n: torch.randint(1, 200, (n,), generator=g).tolist()  # noqa: E731
+    rows = [_pack([(rnd(6), [rnd(2), rnd(9)]), (rnd(3), [rnd(4)])]) for _ in range(2)]
+    batch = [torch.cat([r[i] for r in rows]) for i in range(4)]
+    with torch.no_grad():
+        both = model(batch[0], k=2, positions=batch[1], segment_ids=batch[2], parent_ids=batch[3])
+        for b, r in enumerate(rows):
+            alone = model(r[0], k=2, positions=r[1], segment_ids=r[2], parent_ids=r[3])
+            torch.testing.assert_close(both[b], alone[0], atol=2e-5, rtol=1e-5)

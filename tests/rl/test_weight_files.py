@@ -1,4 +1,5 @@
-"""A rollout worker killed while loading weights leaves its file; the next worker on the host removes it."""
+"""Weights files and the published weights: a rollout worker killed while loading weights leaves its file (the
+next worker on the host removes it); rank 0 publishes the weights in the dtype the workers keep."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import subprocess
 import sys
 import time
+
+import pytest
 
 from elr_rl.rl.rollout_worker import STALE_WEIGHTS_AGE_S, sweep_stale_weight_files
 
@@ -34,3 +37,28 @@ def test_only_old_files_of_dead_workers_are_removed(tmp_path):
     assert removed == [files["dead_old"]]
     assert not files["dead_old"].exists()
     assert all(p.exists() for name, p in files.items() if name != "dead_old")
+
+
+@pytest.mark.parametrize("rollout_dtype", ["float32", "bfloat16"])
+def test_published_weights_are_in_the_workers_dtype(rollout_dtype):
+    """Rank 0 publishes what a worker keeps: bf16 workers get bf16 (rounded as their own load would)."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import load
+
+    from elr_rl.rl.config import RLConfig
+    from elr_rl.rl.learner import LearnerRank
+
+    master = {"w": torch.randn(64, 32), "b": torch.randn(32)}
+    rank = LearnerRank.__new__(LearnerRank)  # only `weights` is under test: no Ray actor, no DeepSpeed
+    rank.rank, rank.cfg = 0, RLConfig()
+    rank.cfg.rollout.dtype = rollout_dtype
+    rank.engine = SimpleNamespace(full_state_dict=lambda: {n: t.clone() for n, t in master.items()})
+    got = load(rank.weights())
+    want = torch.bfloat16 if rollout_dtype == "bfloat16" else torch.float32
+    assert set(got) == set(master) and all(t.dtype == want for t in got.values())
+    for name, t in master.items():
+        assert torch.equal(got[name], t.to(want))  # the same rounding as the worker's own cast
+    rank.rank = 1
+    assert rank.weights() == b""  # only rank 0 publishes
