@@ -16,16 +16,21 @@ import torch.nn.functional as F
 from elr_rl.model.config import KV_CACHE_MODES
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Softmax attention with GQA. q: [B, Tq, H, hd], k/v: [B, Tk, KV, hd], allowed: [B or 1, Tq, Tk] bool."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+            teacher_forced: bool = False) -> torch.Tensor:
+    """Softmax attention with GQA. q: [B, Tq, H, hd], k/v: [B, Tk, KV, hd], allowed: [B or 1, Tq, Tk] bool.
+
+    `teacher_forced` (the dense and segment cores: training, and the no-grad passes that must agree
+    with it): half-precision inputs on the CPU attend in fp32. PyTorch's CPU attention backward runs
+    bf16 2-3x slower than fp32 (measured on AVX-512 with bf16 at an RL batch's shapes), while its
+    forward, all that decoding runs, is faster in bf16.
+    """
     H, KV = q.shape[-2], k.shape[-2]
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, hd]
     if KV != H:
         kh = kh.repeat_interleave(H // KV, dim=1)
         vh = vh.repeat_interleave(H // KV, dim=1)
-    if qh.device.type == "cpu" and qh.dtype in (torch.bfloat16, torch.float16):
-        # PyTorch's CPU attention kernel runs half precision 1.6-3x slower than fp32 (forward + backward, measured
-        # on AVX-512 with bf16 at an RL batch's shapes): attend in fp32, which is also the more exact
+    if teacher_forced and qh.device.type == "cpu" and qh.dtype in (torch.bfloat16, torch.float16):
         out = F.scaled_dot_product_attention(qh.float(), kh.float(), vh.float(), attn_mask=allowed.unsqueeze(1))
         return out.to(q.dtype).transpose(1, 2)
     out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed.unsqueeze(1))
@@ -61,7 +66,7 @@ class DenseCore:
             allowed = allowed & (self._diff < window)
         if self._same is not None:
             allowed = allowed & self._same
-        out = _attend(q, k, v, allowed)
+        out = _attend(q, k, v, allowed, teacher_forced=True)
         return out.squeeze(0) if flat else out
 
 
@@ -217,7 +222,8 @@ class SegmentCore:
     def __call__(self, q, k, v, layer_id: int, loop_idx: int, window: int | None) -> torch.Tensor:
         shape = q.shape
         qf, kf, vf = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])
-        outs = [_attend(qf[b["q_idx"]], kf[b["k_idx"]], vf[b["k_idx"]], self._allowed(b, window))[b["q_valid"]]
+        outs = [_attend(qf[b["q_idx"]], kf[b["k_idx"]], vf[b["k_idx"]], self._allowed(b, window),
+                        teacher_forced=True)[b["q_valid"]]
                 for b in self.buckets]
         out = outs[0] if self.inverse is None else torch.cat(outs)[self.inverse]
         return out.reshape(shape)
