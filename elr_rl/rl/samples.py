@@ -145,7 +145,7 @@ def pack(samples: list[TrainSample], global_denominator: float, share_prompts: b
     per-token tensors are aligned with `input_ids`: `pred_index[t]` is the row index whose logits predict
     token t (the previous token of its own sequence; a tail's first token: the prompt's last),
     `sequence_ids` the sample a token belongs to (-1 for a shared prompt), `advantages` its sample's
-    advantage. An empty list gives one untrained two-token row.
+    advantage. An empty list (or one of samples without tokens) gives one untrained two-token row.
     """
     cols: dict[str, list] = {name: [] for name in _PACK_LONG + _PACK_FLOAT}
 
@@ -161,13 +161,14 @@ def pack(samples: list[TrainSample], global_denominator: float, share_prompts: b
         cols["advantages"] += [adv] * len(ids)
         cols["sequence_ids"] += [seq] * len(ids)
 
-    rows = samples or [TrainSample([0, 0], [0, 0], [0.0, 0.0], 0.0, 1)]
+    real = [s for s in samples if s.ids]  # a sample without tokens has nothing to compute or train
+    rows = real or [TrainSample([0, 0], [0, 0], [0.0, 0.0], 0.0, 1)]
     seg = 0
     for unit in pack_units(rows, share_prompts):
         if len(unit) == 1:  # a sequence on its own; its first token has no context and is never trained
             s = rows[unit[0]]
             emit(s.ids, list(range(len(s.ids))), seg, -1, len(cols["input_ids"]), [0] + list(s.loss_mask[1:]),
-                 list(s.rollout_logp), s.advantage, unit[0] if samples else -1)
+                 list(s.rollout_logp), s.advantage, unit[0] if real else -1)
             seg += 1
             continue
         first = rows[unit[0]]

@@ -141,6 +141,10 @@ def test_a_shared_prompt_is_packed_once_and_each_tail_continues_it():
     assert row("rollout_logp")[3:6] == [-1.0, -2.0, -3.0] and row("advantages")[5] == -1.0
     assert row("sequence_ids") == [-1, -1, -1, 0, 0, 1, 2, 2, 2, 2]
     assert pack(s, 4.0, share_prompts=False)["input_ids"].shape[1] == 13  # every sample whole
+    empty = TrainSample([], [], [], 1.0, k=1)
+    assert pack(s + [empty], 4.0)["input_ids"].shape[1] == 10  # nothing to compute
+    alone = pack([empty], 4.0)
+    assert alone["input_ids"].shape == (1, 2) and alone["loss_mask"].sum() == 0  # the untrained pad row
 
 
 def test_prompts_too_long_for_the_engine_are_counted_and_a_run_where_none_fits_stops(tmp_path):
