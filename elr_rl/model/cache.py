@@ -10,6 +10,8 @@ KV-cache modes:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 
@@ -132,6 +134,24 @@ class CachedCore:
         return _attend(q, ck, cv, allowed)
 
 
+@dataclass
+class _Bucket:
+    """One attention call of `SegmentCore`: R segments padded to Q queries, keys = parent (P) + own (Q)."""
+
+    q_idx: torch.Tensor  # [R, Q] stream index of each query (0 on pads)
+    q_valid: torch.Tensor  # [R, Q]
+    k_idx: torch.Tensor  # [R, P + Q]
+    parent_len: int  # P
+    allowed: torch.Tensor  # [R, Q, P + Q]
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def _seen(allowed: torch.Tensor, q_valid: torch.Tensor, parent_len: int) -> torch.Tensor:
+    """`allowed` with each pad query seeing its segment's first token: no empty softmax (its output is dropped)."""
+    allowed[:, :, parent_len] |= ~q_valid
+    return allowed
+
+
 class SegmentCore:
     """Attention over the segments of packed rows, computed per segment (no T x T mask).
 
@@ -176,7 +196,7 @@ class SegmentCore:
                                  "that row: put the parent (the shared prompt) before its children")
             parent_of.append(runs[(b, p)] if p >= 0 else -1)
         self.flat_pos = positions.reshape(-1) if positions.numel() == B * T else positions.expand(B, T).reshape(-1)
-        self.buckets: list[dict[str, torch.Tensor]] = []
+        self.buckets: list[_Bucket] = []
         bucket: list[int] = []
         for r in sorted(range(len(starts)), key=lens.__getitem__):
             if bucket and lens[r] > self.BUCKET_RATIO * lens[bucket[0]]:
@@ -184,13 +204,13 @@ class SegmentCore:
                 bucket = []
             bucket.append(r)
         self.buckets.append(self._bucket(bucket, starts, lens, parent_of, dev))
-        order = torch.cat([b["q_idx"][b["q_valid"]] for b in self.buckets])  # stream index of each output
+        order = torch.cat([b.q_idx[b.q_valid] for b in self.buckets])  # stream index of each output
         self.inverse = None if len(self.buckets) == 1 else torch.empty_like(order).scatter_(
             0, order, torch.arange(order.numel(), device=dev))
 
     @staticmethod
     def _bucket(members: list[int], starts: list[int], lens: list[int], parent_of: list[int],
-                dev: torch.device) -> dict[str, torch.Tensor]:
+                dev: torch.device) -> _Bucket:
         """Index tensors of one attention call over the runs `members` (in stream order)."""
         members = sorted(members)
         st = torch.tensor([starts[r] for r in members], device=dev)
@@ -206,24 +226,20 @@ class SegmentCore:
         k_valid = torch.cat([p_valid, q_valid], dim=1)
         key_order = torch.cat([torch.full((P,), -1, device=dev), ar_q])  # the parent comes before every own token
         allowed = k_valid[:, None, :] & (key_order[None, None, :] <= ar_q[None, :, None])
-        allowed[:, :, P] |= ~q_valid  # a pad query sees its segment's first token: no empty softmax (dropped)
-        return {"q_idx": q_idx, "q_valid": q_valid, "k_idx": k_idx, "allowed": allowed, "P": torch.tensor(P)}
+        return _Bucket(q_idx, q_valid, k_idx, P, _seen(allowed, q_valid, P))
 
-    def _allowed(self, b: dict[str, torch.Tensor], window: int | None) -> torch.Tensor:
+    def _allowed(self, b: _Bucket, window: int | None) -> torch.Tensor:
         if window is None:
-            return b["allowed"]
-        if window not in b:  # by position, as DenseCore: q_pos - k_pos < window
-            diff = self.flat_pos[b["q_idx"]][:, :, None] - self.flat_pos[b["k_idx"]][:, None, :]
-            w = b["allowed"] & (diff < window)
-            w[:, :, int(b["P"])] |= ~b["q_valid"]
-            b[window] = w
-        return b[window]
+            return b.allowed
+        if window not in b.windowed:  # by position, as DenseCore: q_pos - k_pos < window
+            diff = self.flat_pos[b.q_idx][:, :, None] - self.flat_pos[b.k_idx][:, None, :]
+            b.windowed[window] = _seen(b.allowed & (diff < window), b.q_valid, b.parent_len)
+        return b.windowed[window]
 
     def __call__(self, q, k, v, layer_id: int, loop_idx: int, window: int | None) -> torch.Tensor:
         shape = q.shape
         qf, kf, vf = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])
-        outs = [_attend(qf[b["q_idx"]], kf[b["k_idx"]], vf[b["k_idx"]], self._allowed(b, window),
-                        teacher_forced=True)[b["q_valid"]]
+        outs = [_attend(qf[b.q_idx], kf[b.k_idx], vf[b.k_idx], self._allowed(b, window), teacher_forced=True)[b.q_valid]
                 for b in self.buckets]
         out = outs[0] if self.inverse is None else torch.cat(outs)[self.inverse]
         return out.reshape(shape)

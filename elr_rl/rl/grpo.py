@@ -27,6 +27,20 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
     return (rewards.max(dim=-1).values - rewards.min(dim=-1).values) > 0
 
 
+def _predictor_rows(pred_index: torch.Tensor | None, B: int, T: int, device: torch.device) -> torch.Tensor:
+    """Flat [B * T] indices into a [B * T, ...] view: the row position whose logits predict each token
+    (`pred_index`, or t - 1: one sequence per row, position 0 mapped to itself and left to the mask)."""
+    if pred_index is None:
+        pred_index = (torch.arange(T, device=device) - 1).clamp_min(0).expand(B, T)
+    return (pred_index + torch.arange(B, device=device)[:, None] * T).reshape(-1)
+
+
+def at_predictors(per_position: torch.Tensor, pred_index: torch.Tensor | None = None) -> torch.Tensor:
+    """A per-position quantity of the logits [B, T] (an entropy), taken where each token is predicted."""
+    B, T = per_position.shape
+    return per_position.reshape(-1)[_predictor_rows(pred_index, B, T, per_position.device)].reshape(B, T)
+
+
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, pred_index: torch.Tensor | None = None
                    ) -> torch.Tensor:
     """log pi(x_t | context) for every position t: [B, T].
@@ -36,9 +50,7 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, pred_index: to
     logits rather than a [B, T, V] log_softmax.
     """
     B, T, V = logits.shape
-    if pred_index is None:
-        pred_index = (torch.arange(T, device=logits.device) - 1).clamp_min(0).expand(B, T)
-    rows = (pred_index + torch.arange(B, device=logits.device)[:, None] * T).reshape(-1)
+    rows = _predictor_rows(pred_index, B, T, logits.device)
     flat = logits.reshape(B * T, V)
     picked = flat[rows, input_ids.reshape(-1)]
     return (picked - flat.logsumexp(-1)[rows]).reshape(B, T)

@@ -52,7 +52,7 @@ def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[di
             with torch.no_grad():
                 ref = grpo.token_logprobs(ref_model(ids, k=batch["k"], **model_inputs(batch)), ids, pred)
         with torch.set_grad_enabled(bool(a.entropy_coef) and torch.is_grad_enabled()):  # else logged only
-            entropy = _at(grpo.entropy_from_logits(logits), pred)
+            entropy = grpo.at_predictors(grpo.entropy_from_logits(logits), pred)
         loss, stats = grpo.grpo_loss(
             logp, old, batch["rollout_logp"], batch["advantages"], mask,
             clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, tis_cap=a.tis_cap,
@@ -85,14 +85,6 @@ def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[di
 
     loss_fn.loop_readouts = a.loop_credit > 0  # TrainEngine passes every loop's readout
     return loss_fn
-
-
-def _at(per_position: torch.Tensor, pred: torch.Tensor | None) -> torch.Tensor:
-    """A per-position quantity of the logits, at the position that predicts each token ([B, T])."""
-    B, T = per_position.shape
-    if pred is None:
-        return torch.cat([per_position[:, :1], per_position[:, :-1]], dim=1)
-    return per_position.reshape(-1)[(pred + torch.arange(B, device=pred.device)[:, None] * T).reshape(-1)].reshape(B, T)
 
 
 class LearnerRank:

@@ -22,15 +22,20 @@ pytestmark = pytest.mark.slow
 
 
 def _samples(n: int, seed: int = 0) -> list[TrainSample]:
+    """n samples at k = 1..4; samples 3j..3j+2 at one k share a prompt (a group the learner packs once)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        prompt, response = rng.randint(4, 12), rng.randint(3, 20)
-        ids = [257] + [rng.randrange(256) for _ in range(prompt + response - 1)]
-        mask = [0] * prompt + [1] * response
-        logp = [0.0] * prompt + [-rng.uniform(0.5, 3.0) for _ in range(response)]
+        group, k = i // 3, 1 + (i // 3) % 4
+        if i % 3 == 0:
+            p_len = rng.randint(4, 12)
+            prompt = [257] + [rng.randrange(256) for _ in range(p_len - 1)]
+        response = rng.randint(3, 20)
+        ids = prompt + [rng.randrange(256) for _ in range(response)]
+        mask = [0] * p_len + [1] * response
+        logp = [0.0] * p_len + [-rng.uniform(0.5, 3.0) for _ in range(response)]
         out.append(TrainSample(ids, mask, logp, advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.5),
-                               k=1 + i % 4))
+                               k=k, prompt_len=p_len, group=group))
     return out
 
 
