@@ -36,9 +36,12 @@ RL (`elr-rl rl`), one row per learner step:
     batch/trained_samples, batch/uninformative_groups, batch/overlong_samples   counts of this step
     async/staleness_mean, async/staleness_max, async/policy_version
     async/dropped_stale_groups (cumulative), async/dropped_stale_frac (this step's share of the groups)
+    async/queued_step                            1 when the step was submitted while the previous one ran
+                                                 (async_.queued_steps)
     timing_s/step, timing_s/update_actor, timing_s/weight_sync, timing_s/weight_load, timing_s/elapsed
     timing_s/learner_compute                     the slowest rank's optimizer step, timed on the rank
                                                  (update_actor is the driver's view: queueing included)
+    timing_s/learner_wait                        the ranks' idle time between their previous step and this one
     perf/learner_threads_busy                    that rank's CPU seconds per second of its step
     batch/groups_k{k}, batch/loop_tokens         the step's groups per loop count; its (prompt + response)
                                                  tokens x k, the learner's work

@@ -48,7 +48,7 @@ def random_checkpoint(size: str, out: Path) -> Path:
 
 
 def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_init: bool = False,
-             dtype: str = "float32", share_prompts: bool = True) -> dict:
+             dtype: str = "float32", share_prompts: bool = True, queued_steps: int = 1) -> dict:
     """One RL run: `sync`, `async` (loop counts 1-4 from the curriculum) or `async_k1` (k = 1 only)."""
     from elr_rl.rl.config import RLConfig
     from elr_rl.rl.driver import Driver
@@ -70,6 +70,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     cfg.algo.groups_per_step = 8
     cfg.async_.mode = mode
     cfg.async_.max_staleness = 1
+    cfg.async_.queued_steps = queued_steps
     if name.endswith("_k1"):  # the plain-transformer depth, as TRL runs it
         cfg.curriculum.loop_counts = [1]
     if random_init:  # a random policy scores most groups flat: train them anyway (throughput, not learning)
@@ -92,6 +93,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     # on the rank itself (excludes the driver's queueing), and how many threads it kept busy
     compute = [r["timing_s/learner_compute"] for r in rows[1:] if "timing_s/learner_compute" in r]
     busy = [r["perf/learner_threads_busy"] for r in rows[1:] if "perf/learner_threads_busy" in r]
+    wait = [r["timing_s/learner_wait"] for r in rows[1:] if r.get("timing_s/learner_wait") is not None]
     loop_tokens = sum(r.get("batch/loop_tokens", 0) for r in rows[1:])
     # tokens the learner computed (each group's prompt once with share_prompts) over the samples' own tokens
     computed = sum(r.get("batch/learner_tokens", 0) for r in rows[1:])
@@ -99,6 +101,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     return {"mode": name, "samples_per_s": samples / span if span else 0.0, "step_s": step_s, "learner_step_s": learn_s,
             "learner_compute_s": sum(compute) / len(compute) if compute else None,
             "learner_threads_busy": sum(busy) / len(busy) if busy else None,
+            "learner_wait_s": sum(wait) / len(wait) if wait else None,  # the rank idle between steps
             # the learner's speed on the work it got (steps at deeper k mixes carry more)
             "learner_loop_tokens_per_s": loop_tokens / sum(compute) if compute else None,
             "weight_sync_s": sum(sync) / len(sync), "sync_over_learner_step": (sum(sync) / len(sync)) / learn_s,
@@ -163,6 +166,8 @@ def main() -> None:
     p.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True,
                    help="learner.share_prompts: each group's prompt computed once in the learner (--no-share-prompts: "
                         "every sample carries its own copy, as before)")
+    p.add_argument("--queued-steps", type=int, default=1,
+                   help="async_.queued_steps: learner steps submitted behind the running one (0: none, as before)")
     args = p.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not {"sync", "async"} <= set(modes) or set(modes) - {"sync", "async", "async_k1"}:
@@ -190,8 +195,8 @@ def main() -> None:
               "flat-reward groups of a random policy are trained too, so every step carries the full learner work")
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        res = {m: run_mode(m, ckpt, out, args.steps, args.workers, args.size != "toy", dtype, args.share_prompts)
-               for m in modes}
+        res = {m: run_mode(m, ckpt, out, args.steps, args.workers, args.size != "toy", dtype, args.share_prompts,
+                           args.queued_steps) for m in modes}
     finally:
         ray.shutdown()
     # TRL's model is a plain transformer of the k = 1 size: compare it with our run at k = 1
@@ -199,15 +204,18 @@ def main() -> None:
     # learn s: the driver's view of a learner step; rank s: timed on the rank; busy: its CPU s per s (1 thread: <= 1)
     # loop tok/s: the rank's (prompt + response) tokens x k per second, its speed on the work it was given
     # computed: the tokens the learner ran over the samples' own (prompt + response) tokens
-    print(f"learner.share_prompts={args.share_prompts}")
-    print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'busy':>6} {'loop tok/s':>10} "
-          f"{'sync s':>8} {'sync/learn':>10} {'computed':>9}")
+    # wait s: the rank idle between the end of one step and the start of the next
+    print(f"learner.share_prompts={args.share_prompts} async_.queued_steps={args.queued_steps}")
+    print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'wait s':>7} {'busy':>6} "
+          f"{'loop tok/s':>10} {'sync s':>8} {'sync/learn':>10} {'computed':>9}")
     nan = float("nan")
     for r in res.values():
         rank_s, busy = r["learner_compute_s"] or nan, r["learner_threads_busy"] or nan
+        wait = r["learner_wait_s"] if r["learner_wait_s"] is not None else nan
         print(f"{r['mode']:>8} {r['samples_per_s']:>10.2f} {r['step_s']:>8.2f} {r['learner_step_s']:>8.2f} "
-              f"{rank_s:>8.2f} {busy:>6.2f} {r['learner_loop_tokens_per_s'] or nan:>10.0f} {r['weight_sync_s']:>8.3f} "
-              f"{r['sync_over_learner_step']:>10.1%} {r['learner_tokens_over_sample_tokens'] or nan:>9.1%}")
+              f"{rank_s:>8.2f} {wait:>7.2f} {busy:>6.2f} {r['learner_loop_tokens_per_s'] or nan:>10.0f} "
+              f"{r['weight_sync_s']:>8.3f} {r['sync_over_learner_step']:>10.1%} "
+              f"{r['learner_tokens_over_sample_tokens'] or nan:>9.1%}")
     if trl.get("trl_samples_per_s"):
         print(f"{'trl':>8} {trl['trl_samples_per_s']:>10.2f} {trl['trl_step_s']:>8.2f} {'-':>8} {'-':>8} {'-':>10}")
         print(f"trl: GRPOTrainer {trl['trl_version']}, random-init Llama of the k = 1 size, completion tokens mean "

@@ -121,6 +121,10 @@ class AsyncConfig:
     """Groups produced more than this many policy versions ago are not trained on."""
     parity_check_sequences: int = 2
     """Sequences whose logprobs are compared between a worker and the learner after each sync (0: off)."""
+    queued_steps: int = 1
+    """Async mode: learner steps submitted while one runs, as soon as their batch is fresh enough, so the
+    learner goes from one step to the next without waiting on the driver (publishing, scoring, packing).
+    Never past a checkpoint or the run's last step. 0: each step is submitted after the previous one ends."""
 
     def validate(self) -> None:
         from elr_rl.rl.messages import AsyncMode
@@ -129,6 +133,8 @@ class AsyncConfig:
             _fail("async_.mode", f"got {self.mode!r}", f"use one of {[str(m) for m in AsyncMode]}")
         if self.max_staleness < 0:
             _fail("async_.max_staleness", f"got {self.max_staleness}", "use 0 or more policy versions")
+        if self.queued_steps < 0:
+            _fail("async_.queued_steps", f"got {self.queued_steps}", "use 0 (off) or more learner steps")
 
 
 @dataclass

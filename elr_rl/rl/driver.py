@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import collections
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 from curriculum.passrates import RolloutResult
 from curriculum.routing import Assignment
 from elr_rl.rl.config import RLConfig
-from elr_rl.rl.messages import GenerateReply, Group
+from elr_rl.rl.messages import AsyncMode, GenerateReply, Group
 from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
 from elr_rl.rl.samples import RolloutBuffer, learner_batches, select_samples
 from elr_rl.rl.stats import BatchInfo, StepWindow
@@ -44,7 +45,8 @@ class Training:
 
     refs: list[Any]  # one per learner rank
     info: BatchInfo
-    started: float
+    started: float  # when it was submitted, or (queued behind another) when that one ended
+    parity: tuple[list[list[int]], int] | None = None  # the sequences rank 0 scores after the update
 
     def done(self) -> bool:
         import ray
@@ -61,7 +63,7 @@ class Driver:
         self.window = StepWindow()
         self.reports: list[RolloutResult] = []  # finished groups not yet reported to the curriculum
         self.step = self.version = 0
-        self.training: Training | None = None
+        self.trainings: collections.deque[Training] = collections.deque()  # running first, then queued
         self.state: RunState | None = None
         self.started = False
 
@@ -77,10 +79,13 @@ class Driver:
             self._start()  # inside: whatever it started is shut down if a later part of it fails
             self.bar = _progress(self.cfg.run.progress, self.step, self.cfg.run.total_steps)
             while self.step < stop_at:
-                self.scheduler.fill(self.workers, learner_busy=self.training is not None,
-                                    downstream=len(self.buffer) + len(self.scorer), step=self.step)
+                # groups in queued steps are still ahead of the learner: the lookahead counts them
+                queued = sum(len(t.info.groups) for t in list(self.trainings)[1:])
+                self.scheduler.fill(self.workers, learner_busy=bool(self.trainings),
+                                    downstream=len(self.buffer) + len(self.scorer) + queued, step=self.step)
                 timeout = 0.005 if len(self.scorer) else 0.05  # soon, while rewards are being scored
-                for i, work, reply in self.scheduler.collect(timeout, wake=self.training.refs if self.training else []):
+                wake = self.trainings[0].refs if self.trainings else []
+                for i, work, reply in self.scheduler.collect(timeout, wake=wake):
                     if isinstance(reply, GenerateReply):
                         self._take(reply)
                     else:
@@ -91,11 +96,15 @@ class Driver:
                 if self.reports:  # live pass-rate refresh, one call per batch of finished groups
                     self.curriculum.report.remote(self.reports)
                     self.reports = []
-                if self.training is None:
-                    self.training = self._start_training()
-                elif self.training.done():
-                    self._end_step(self.training, stop_at)
-                    self.training = None
+                if self.trainings and self.trainings[0].done():
+                    finished = self.trainings.popleft()
+                    if self.trainings:  # the queued step runs from here (the driver's view of the learner)
+                        self.trainings[0].started = max(self.trainings[0].started, time.perf_counter())
+                    self._end_step(finished, stop_at)
+                if self._may_submit(stop_at):
+                    training = self._start_training()
+                    if training is not None:
+                        self.trainings.append(training)
         finally:
             if self.bar is not None:
                 self.bar.close()
@@ -205,10 +214,24 @@ class Driver:
             self.window.parity.append(worst)
 
     # ------------------------------------------------------------------ learning
-    def _start_training(self) -> Training | None:
-        """Start one learner step on the oldest fresh groups, if a batch is ready."""
+    def _may_submit(self, stop_at: int) -> bool:
+        """Whether another learner step may be submitted now: none is running, or (async) fewer than
+        `queued_steps` wait behind the running one, and no submitted step ends the run or is saved
+        (a checkpoint holds the weights of its own step, and a queued step would change them first)."""
+        n = len(self.trainings)
+        if n == 0:
+            return True
         c = self.cfg
-        groups = self.buffer.pop_batch(c.algo.groups_per_step, self.version, c.async_.max_staleness)
+        if c.async_.mode == AsyncMode.SYNC or n > c.async_.queued_steps or self.step + n >= stop_at:
+            return False
+        return not any((self.step + i) % c.run.save_interval == 0 for i in range(1, n + 1))
+
+    def _start_training(self) -> Training | None:
+        """Submit one learner step on the oldest fresh groups, if a batch is ready. Behind `n` submitted
+        steps it updates version + n, and staleness is counted from there."""
+        c = self.cfg
+        version = self.version + len(self.trainings)  # the weights this step will update
+        groups = self.buffer.pop_batch(c.algo.groups_per_step, version, c.async_.max_staleness)
         self.ledger["dropped_stale"] = self.buffer.dropped_stale
         if groups is None:
             return None
@@ -221,9 +244,12 @@ class Driver:
                              c.learner.share_prompts)
         dropped = self.buffer.dropped_stale - self.ledger["dropped_reported"]
         self.ledger["dropped_reported"] = self.buffer.dropped_stale
-        lr = c.learner.optim.lr * warmup_factor(self.step, c.learner.warmup_steps)
-        info = BatchInfo(groups, [self.version - g.version for g in groups], dropped, lr, stats | lb.stats)
-        return Training(self.learner.train_step(lb.microbatches, lb.ks, lr), info, time.perf_counter())
+        lr = c.learner.optim.lr * warmup_factor(self.step + len(self.trainings), c.learner.warmup_steps)
+        info = BatchInfo(groups, [version - g.version for g in groups], dropped, lr, stats | lb.stats,
+                         queued=bool(self.trainings))
+        parity = self.fleet.parity_sequences(groups[0] if groups else None)
+        return Training(self.learner.train_step(lb.microbatches, lb.ks, lr, parity), info, time.perf_counter(),
+                        parity)
 
     def _end_step(self, training: Training, stop_at: int) -> None:
         """The learner step finished: publish its weights, log its row, validate and save when due."""
@@ -234,7 +260,7 @@ class Driver:
         self.step += 1
         self.version += 1
         sync_s = self.fleet.publish(results, self.version)
-        self.fleet.start_parity_check(self.learner, training.info.groups[0] if training.info.groups else None)
+        self.fleet.start_parity_check(training.parity, results[0].parity_logprobs)
         row = self.window.row(results, training.info, learner_s=learner_s, version=self.version, ledger=self.ledger,
                               restarts=self.fleet.restarts, sync_s=sync_s, num_workers=len(self.workers))
         c = self.cfg

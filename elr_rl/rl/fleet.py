@@ -4,7 +4,8 @@ The fleet starts the workers, restarts a dead one on the newest weights (a
 checkpoint folder until this run's first step: the model, or the checkpoint the
 run resumed from; then the learner's last published weights too), publishes each
 step's weights to every worker as one object-store object, and spot-checks that
-a worker's logprobs equal the learner's after a sync.
+a worker's logprobs equal the learner's after a sync (the learner scores the
+sequences at the end of its step, with the weights it publishes).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class RolloutFleet:
         self.version = version
         self.workers: list[Any] = []
         self.restarts = 0
-        self._parity: tuple[int, Any, Any] | None = None  # (version, learner ref, worker ref)
+        self._parity: tuple[int, Any, Any] | None = None  # (version, learner logprobs, worker ref)
 
     def start(self) -> None:
         self.workers = [self._new_worker(i) for i in range(self.cfg.rollout.num_workers)]
@@ -86,25 +87,31 @@ class RolloutFleet:
                 log.warning("rollout worker %d died during a weight sync (%s): restarting it", i, type(exc).__name__)
                 self.restart(i)
 
-    def start_parity_check(self, learner: Any, group: Group | None) -> None:
-        """Score a few sequences of the last batch on the learner and on worker 0 (collected later)."""
+    def parity_sequences(self, group: Group | None) -> tuple[list[list[int]], int] | None:
+        """(sequences, k) of a step's first group for the learner to score with the step's new weights."""
         n = self.cfg.async_.parity_check_sequences
-        if not n or group is None or self._parity is not None:
+        if not n or group is None:
+            return None
+        return [s.prompt_ids + s.response_ids for s in group.samples[:n]], group.k
+
+    def start_parity_check(self, parity: tuple[list[list[int]], int] | None, learner_scores: list | None) -> None:
+        """Have worker 0 score the sequences the learner scored with the version just published
+        (collected later; one check at a time)."""
+        if parity is None or learner_scores is None or self._parity is not None:
             return
-        seqs = [s.prompt_ids + s.response_ids for s in group.samples[:n]]
-        # the learner scores before its next step, the worker after loading this version
-        self._parity = (self.version, learner.logprobs_ref(seqs, group.k), self.workers[0].logprobs.remote(seqs, group.k))
+        seqs, k = parity
+        self._parity = (self.version, learner_scores, self.workers[0].logprobs.remote(seqs, k))
 
     def collect_parity(self) -> float | None:
-        """Max |logprob(worker) - logprob(learner)| once both sides answered for the same version."""
+        """Max |logprob(worker) - logprob(learner)| once the worker answered for the same version."""
         import ray
         from ray.exceptions import RayActorError
 
         if self._parity is None:
             return None
-        version, ours_ref, theirs_ref = self._parity
-        done, _ = ray.wait([ours_ref, theirs_ref], num_returns=2, timeout=0)
-        if len(done) < 2:
+        version, ours, theirs_ref = self._parity
+        done, _ = ray.wait([theirs_ref], timeout=0)
+        if not done:
             return None
         self._parity = None
         try:
@@ -113,7 +120,6 @@ class RolloutFleet:
             return None
         if worker_version != version:  # newer weights arrived first: nothing comparable
             return None
-        ours = ray.get(ours_ref)
         diffs = [abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y[-len(x):])]
         worst = max(diffs) if diffs else 0.0
         if worst > 1e-2:

@@ -95,6 +95,7 @@ class LearnerRank:
 
         self.rank, self.world_size, self.cfg = rank, world_size, cfg
         self.engine = None
+        self._ended: float | None = None  # when the last train_step returned (the next one's wait starts)
         self.cores = actor_core_budget()  # threads and cores from this rank's Ray CPUs, not the caller's env
 
     def node_id(self) -> str:
@@ -129,10 +130,14 @@ class LearnerRank:
             return self.engine.load(resume_dir)
         return None
 
-    def train_step(self, microbatches: list[dict], ks: list[int], lr: float) -> StepResult:
-        """One optimizer step (updates_per_batch > 1: several, against fixed old logprobs)."""
+    def train_step(self, microbatches: list[dict], ks: list[int], lr: float,
+                   parity: tuple[list[list[int]], int] | None = None) -> StepResult:
+        """One optimizer step (updates_per_batch > 1: several, against fixed old logprobs). `parity`:
+        (sequences, k) that rank 0 scores with the new weights (the sync spot-check's learner side: a
+        step queued behind this one must not change the weights before they are scored)."""
         n_updates = self.cfg.algo.updates_per_batch
         wall0, cpu0 = time.perf_counter(), time.process_time()
+        wait_s = wall0 - self._ended if self._ended is not None else None
         if n_updates > 1:
             with torch.no_grad():
                 self.engine.engine.eval()
@@ -157,7 +162,11 @@ class LearnerRank:
         t0 = time.perf_counter()
         weights = self.weights()
         ref = [ray.put(weights)] if self.rank == 0 else []  # in a list: the caller gets the ref, not the bytes
-        return StepResult(losses, grad_norm, stats, time.perf_counter() - t0, ref, compute_s=compute_s, cpu_s=cpu_s)
+        serialize_s = time.perf_counter() - t0
+        scored = self.logprobs(*parity) if parity is not None and self.rank == 0 else None
+        self._ended = time.perf_counter()
+        return StepResult(losses, grad_norm, stats, serialize_s, ref, compute_s=compute_s, cpu_s=cpu_s,
+                          parity_logprobs=scored, wait_s=wait_s)
 
     def weights(self) -> bytes:
         """The full state dict as safetensors bytes (what rollout workers load): fp32, or bf16 when the
@@ -230,18 +239,17 @@ class LearnerGroup:
         self.client_state = states[0]
         self.cfg = cfg
 
-    def train_step(self, per_rank_mbs: list[list[dict]], per_rank_ks: list[list[int]], lr: float):
-        """Ref of the step's per-rank results (asynchronous: the caller waits when it needs them)."""
-        return [r.train_step.remote(mb, ks, lr) for r, mb, ks in zip(self.ranks, per_rank_mbs, per_rank_ks)]
+    def train_step(self, per_rank_mbs: list[list[dict]], per_rank_ks: list[list[int]], lr: float,
+                   parity: tuple[list[list[int]], int] | None = None):
+        """Ref of the step's per-rank results (asynchronous: the caller waits when it needs them). Calls
+        queue on the ranks in order, so the next step may be submitted while this one runs."""
+        return [r.train_step.remote(mb, ks, lr, parity if i == 0 else None)
+                for i, (r, mb, ks) in enumerate(zip(self.ranks, per_rank_mbs, per_rank_ks))]
 
     def save(self, directory: str, client_state: dict) -> None:
         import ray
 
         ray.get([r.save.remote(directory, client_state) for r in self.ranks])
-
-    def logprobs_ref(self, sequences: list[list[int]], k: int):
-        """Ref of rank 0's teacher-forced logprobs (computed before any later train_step)."""
-        return self.ranks[0].logprobs.remote(sequences, k)
 
     def node_ids(self) -> list[str]:
         import ray

@@ -95,3 +95,5 @@ class StepResult:
     weights_ref: list[Any] = field(default_factory=list)  # rank 0: [ref of the safetensors bytes]; others: []
     compute_s: float = 0.0  # wall seconds inside the rank's optimizer step(s), timed on the rank
     cpu_s: float = 0.0  # CPU seconds of the rank's process over the same span (all its threads)
+    parity_logprobs: list[list[float]] | None = None  # rank 0: the step's parity sequences scored by the new weights
+    wait_s: float | None = None  # seconds the rank sat idle between its previous step's end and this one (None: first)

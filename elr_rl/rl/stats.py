@@ -46,6 +46,7 @@ class BatchInfo:
     dropped_stale_new: int  # groups dropped as stale since the previous batch
     lr: float
     stats: dict[str, float]  # batch/* metrics of select_samples and learner_batches
+    queued: bool = False  # submitted while the learner was still running the previous step
 
 
 class StepWindow:
@@ -116,12 +117,15 @@ def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, wi
         "actor/ratio_mean/update0": wmean("ratio_mean", 0), "actor/is_weight_mean/update0": wmean("is_weight_mean", 0),
         "actor/ratio_max_dev/update0": max((abs(s["ratio_mean"] - 1) for s in mb if s.get("update") == 0), default=None),
         "async/staleness_mean": _mean([float(x) for x in staleness]), "async/staleness_max": max(staleness),
+        "async/queued_step": float(info.queued),
         "async/policy_version": version, "async/dropped_stale_groups": ledger.get("dropped_stale", 0),
         "async/dropped_stale_frac": dropped / (dropped + groups) if dropped + groups else 0.0,
         "batch/frac_reward_zero_std": info.stats.get("batch/uninformative_groups", 0.0) / groups if groups else None,
         "timing_s/step": window_s, "timing_s/weight_sync": sync_s, "timing_s/elapsed": wall,
         "timing_s/weight_load": max(weight_loads) if weight_loads else None,
         "timing_s/learner_compute": compute_s,
+        # the ranks' idle time since their previous step (waiting on generation, or on the driver)
+        "timing_s/learner_wait": max((r.wait_s for r in results if r.wait_s is not None), default=None),
         "perf/learner_threads_busy": slowest.cpu_s / compute_s if compute_s else None,
         "perf/weight_sync_frac": min(1.0, sync_s / window_s) if window_s else None,
         "perf/learner_idle_ratio": max(0.0, 1.0 - learner_busy),

@@ -1,0 +1,85 @@
+"""The driver's queued learner steps (`async_.queued_steps`), without Ray: when a step may be submitted
+behind the running one, and that a queued step counts staleness from the weights it will update."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from curriculum.routing import Assignment
+from elr_rl.rl.config import RLConfig
+from elr_rl.rl.driver import Driver
+from elr_rl.rl.fleet import RolloutFleet
+from elr_rl.rl.messages import FinishReason, Group, Sample
+
+
+def _driver(mode: str = "async", queued_steps: int = 1, save_interval: int = 1000, step: int = 0,
+            running: int = 0) -> Driver:
+    cfg = RLConfig(model_path="unused")
+    cfg.async_.mode, cfg.async_.queued_steps, cfg.run.save_interval = mode, queued_steps, save_interval
+    cfg.algo.groups_per_step = 2
+    cfg.algo.dynamic_sampling = False
+    d = Driver(cfg)
+    d.step = d.version = step
+    d.trainings = collections.deque(object() for _ in range(running))
+    return d
+
+
+@pytest.mark.parametrize("kw, stop_at, expected", [
+    ({"running": 0}, 10, True),  # nothing running: always
+    ({"running": 1}, 10, True),  # async: one step may wait behind the running one
+    ({"running": 2}, 10, False),  # ... but only queued_steps of them
+    ({"running": 2, "queued_steps": 2}, 10, True),
+    ({"running": 1, "queued_steps": 0}, 10, False),  # off: each step waits for the previous one to end
+    ({"running": 1, "mode": "sync"}, 10, False),  # sync mode never overlaps anything with training
+    ({"running": 1, "step": 9}, 10, False),  # the running step is the run's last
+    ({"running": 1, "step": 8}, 10, True),
+    ({"running": 1, "step": 3, "save_interval": 4}, 10, False),  # the running step is saved: its weights, not later ones
+    ({"running": 2, "step": 2, "save_interval": 4, "queued_steps": 3}, 10, False),  # a queued one is saved
+    ({"running": 1, "step": 4, "save_interval": 4}, 10, True),
+])
+def test_a_step_is_queued_only_where_nothing_reads_the_weights_in_between(kw, stop_at, expected):
+    assert _driver(**kw)._may_submit(stop_at) is expected
+
+
+class _Learner:
+    def __init__(self) -> None:
+        self.calls = []
+
+    def train_step(self, microbatches, ks, lr, parity):
+        self.calls.append((microbatches, ks, lr, parity))
+        return ["ref"]
+
+
+def _group(i: int, version: int) -> Group:
+    samples = [Sample([5, 6], [7, 8], [1, 1], [-0.5, -0.25], FinishReason.STOP, text="x", reward=r)
+               for r in (1.0, 0.0)]
+    return Group(Assignment(f"p{i}", "even_odd", i, 1, 1, q=0.5, score=0.5, batch=0, epoch=0), samples, version)
+
+
+def test_a_queued_step_counts_staleness_from_the_weights_it_will_update():
+    """Learner at version 5 running the step to 6; a step queued behind it updates 6, so at max_staleness
+    1 a group sampled at 4 is stale for it (though fresh for the running one) and 5 is the oldest it takes."""
+    d = _driver(running=1, step=5)
+    d.cfg.curriculum.loop_counts = [1]
+    d.depth = lambda k: k
+    d.learner = _Learner()
+    d.fleet = RolloutFleet(d.cfg, "unused", d.version)
+    for i, version in enumerate([4, 5, 4, 5, 5]):
+        d.buffer.add(_group(i, version))
+    training = d._start_training()
+    assert [g.prompt_id for g in training.info.groups] == ["p1", "p3"]
+    assert training.info.staleness == [1, 1] and training.info.queued
+    assert d.buffer.dropped_stale == 2 and [g.prompt_id for g in d.buffer.groups] == ["p4"]
+    # the parity check's sequences ride with the step: rank 0 scores them with the weights it publishes
+    seqs, k = training.parity
+    assert k == 1 and seqs == [[5, 6, 7, 8], [5, 6, 7, 8]] and d.learner.calls[0][3] == training.parity
+    # with nothing running, the same buffer state trains on the learner's own version
+    d2 = _driver(step=5)
+    d2.cfg.curriculum.loop_counts, d2.depth, d2.learner, d2.fleet = [1], d.depth, _Learner(), d.fleet
+    for i, version in enumerate([4, 5]):
+        d2.buffer.add(_group(i, version))
+    t2 = d2._start_training()
+    assert [g.prompt_id for g in t2.info.groups] == ["p0", "p1"] and t2.info.staleness == [1, 0]
+    assert not t2.info.queued
