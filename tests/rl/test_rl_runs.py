@@ -89,6 +89,30 @@ def test_staleness_zero_gives_unit_ratios_on_the_first_update(toy_checkpoint, ra
     assert any(x.get("actor/loop_credit_loss") not in (None, 0.0) for x in rows(tmp_path / "run"))
 
 
+def test_queued_learner_steps_keep_staleness_parity_and_checkpoints(toy_checkpoint, ray_cluster, tmp_path):
+    """A learner-bound run (several updates per batch, short completions): the next step is submitted
+    while one runs (async_.queued_steps), yet nothing older than max_staleness is trained, the parity
+    check compares the version both sides hold, and a checkpoint step is never overtaken."""
+    run = tmp_path / "run"
+    steps = 8
+    cfg = make_config(toy_checkpoint, run, run={"total_steps": steps, "save_interval": 4},
+                      async_={"max_staleness": 1, "queued_steps": 1},
+                      algo={"groups_per_step": 4, "updates_per_batch": 8}, rollout={"max_new_tokens": 8})
+    summary = Driver(cfg).run()
+    assert summary["step"] == steps and accounted(summary)
+    r = rows(run)
+    queued = [x["step"] for x in r if x["async/queued_step"]]
+    print("queued steps", queued, "learner waits", [round(x.get("timing_s/learner_wait", -1), 3) for x in r])
+    assert len(queued) >= steps // 2, queued  # the learner was the slower side: most steps waited in its queue
+    assert 5 not in queued  # submitted only after step 4 (a checkpoint) ended
+    assert all(x["async/staleness_max"] <= 1 for x in r)
+    parity = [x["sync/parity_max_abs_diff"] for x in r if "sync/parity_max_abs_diff" in x]
+    assert len(parity) >= steps // 2 and all(p < 1e-3 for p in parity), parity
+    # a queued step started as soon as the previous one ended on the rank
+    assert min(x["timing_s/learner_wait"] for x in r if x["step"] in queued) < 0.1
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_0000004", "step_0000008"]
+
+
 def test_a_killed_rollout_worker_is_restarted_and_nothing_is_lost(toy_checkpoint, ray_cluster, tmp_path):
     import ray
 
