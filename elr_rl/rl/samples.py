@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -228,17 +228,40 @@ def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable
     return LearnerBatch(mbs, [list(ks) for _ in range(world_size)], stats)
 
 
-def take_one_loop_count(queue: Sequence[Assignment], n: int) -> tuple[list[Assignment], list[Assignment]]:
-    """Up to n assignments at the loop count of the oldest one, in queue order, and the rest (in order).
+def take_one_loop_count(queue: Sequence[Assignment], n: int, k: int | None = None) -> tuple[list[Assignment], list[Assignment]]:
+    """Up to n assignments at loop count k (default: the oldest one's), in queue order, and the rest (in order).
 
-    A rollout request then runs one k (one batched generate); the oldest assignment always goes,
-    so no loop count waits behind the others for long.
+    A rollout request then runs one k (one batched generate).
     """
     if not queue:
         return [], []
-    k = queue[0].k
+    k = queue[0].k if k is None else k
     work: list[Assignment] = []
     rest: list[Assignment] = []
     for a in queue:
         (work if len(work) < n and a.k == k else rest).append(a)
     return work, rest
+
+
+def sweep_loop_count(waiting: Iterable[int], last: int | None, rising: bool) -> tuple[int | None, bool]:
+    """The next request's loop count and sweep direction: the nearest waiting k past `last` in the
+    direction of the sweep, turning at the ends (an elevator's scan: 1, 2, 3, 4, 3, 2, 1, 2, ...).
+
+    Consecutive requests then differ by the least depth the queue allows. With few requests per
+    learner step, a jump (a k = 1 step followed by a k = 4 batch) leaves the learner waiting on a
+    generation four times its step's size; steps of similar depth overlap evenly. Every waiting k is
+    served within one sweep. Returns (None, rising) when nothing waits, (k, ...) for `last` None: the
+    smallest k, rising.
+    """
+    ks = set(waiting)
+    if not ks:
+        return None, rising
+    if last is None:
+        return min(ks), True
+    ahead = [k for k in ks if (k > last if rising else k < last)]
+    if ahead:
+        return (min(ahead) if rising else max(ahead)), rising
+    behind = [k for k in ks if (k < last if rising else k > last)]
+    if behind:
+        return (max(behind) if rising else min(behind)), not rising
+    return last, rising

@@ -1,7 +1,8 @@
 """The scheduler: the queue of curriculum assignments and the generate requests in flight.
 
 It hands prompts to idle rollout workers (one loop count per request, so a
-worker runs one batched vLLM generate), keeps async mode far enough ahead of the
+worker runs one batched vLLM generate; loop counts in an elevator's sweep,
+`sweep_loop_count`, so consecutive requests are of similar depth), keeps async mode far enough ahead of the
 learner and no further (more would only go stale), keeps sync mode to exactly
 what the next step needs, and hands back finished requests as they come.
 """
@@ -15,7 +16,7 @@ from typing import Any, Callable
 from curriculum.routing import Assignment
 from elr_rl.rl.config import RLConfig
 from elr_rl.rl.messages import AsyncMode, GenerateReply
-from elr_rl.rl.samples import take_one_loop_count
+from elr_rl.rl.samples import sweep_loop_count, take_one_loop_count
 from elr_rl.rl.stats import StepWindow
 
 
@@ -26,6 +27,8 @@ class Scheduler:
         self.cfg, self.next_batch, self.metrics, self.ledger, self.window = cfg, next_batch, metrics, ledger, window
         self.queue: deque[Assignment] = deque()  # assignments waiting for a worker
         self.inflight: dict[Any, tuple[int, list[Assignment]]] = {}  # request ref -> (worker index, assignments)
+        self.last_k: int | None = None  # the loop count of the last request, and the sweep's direction
+        self.rising = True
 
     def in_flight(self) -> int:
         """Prompt groups being generated."""
@@ -52,7 +55,7 @@ class Scheduler:
             self.inflight[worker.generate.remote(work)] = (i, work)
 
     def _next_request(self, n: int, step: int) -> list[Assignment]:
-        """Up to n queued assignments at one loop count, the oldest assignment's; the queue holds
+        """Up to n queued assignments (oldest first) at the sweep's next loop count; the queue holds
         enough curriculum batches for every loop count to fill a request."""
         while len(self.queue) < n * len(self.cfg.curriculum.loop_counts):
             batch = self.next_batch()
@@ -61,7 +64,8 @@ class Scheduler:
             # labelled with the step whose metrics row counts these prompts (curriculum/prompts_k*)
             self.metrics.log_routing(step + 1, _routing(batch))
             self.window.routed.extend(batch)
-        work, rest = take_one_loop_count(self.queue, n)
+        self.last_k, self.rising = sweep_loop_count({a.k for a in self.queue}, self.last_k, self.rising)
+        work, rest = take_one_loop_count(self.queue, n, self.last_k)
         self.queue = deque(rest)
         return work
 

@@ -11,7 +11,8 @@ import torch
 from curriculum.routing import Assignment
 from elr_rl.rl import grpo
 from elr_rl.rl.messages import FinishReason, Group, Sample
-from elr_rl.rl.samples import RolloutBuffer, TrainSample, learner_batches, pack, select_samples, take_one_loop_count
+from elr_rl.rl.samples import (RolloutBuffer, TrainSample, learner_batches, pack, select_samples, sweep_loop_count,
+                               take_one_loop_count)
 
 
 def _a(i: int, k: int) -> Assignment:
@@ -32,6 +33,30 @@ def test_a_request_holds_one_loop_count_and_the_oldest_prompt():
     work, rest = take_one_loop_count(rest, 3)
     assert [a.prompt_id for a in work] == ["p1"]  # the next oldest goes next, even alone
     assert take_one_loop_count([], 4) == ([], [])
+
+
+def test_loop_counts_are_requested_in_a_sweep_and_every_waiting_one_within_a_sweep():
+    order, last, rising = [], None, True
+    for _ in range(9):  # every k has work: depth changes by one level per request
+        last, rising = sweep_loop_count([4, 2, 1, 3, 2], last, rising)
+        order.append(last)
+    assert order == [1, 2, 3, 4, 3, 2, 1, 2, 3]
+    assert sweep_loop_count([1, 4], 1, True) == (4, True) and sweep_loop_count([1, 4], 4, True) == (1, False)
+    assert sweep_loop_count([3], 3, False) == (3, False) and sweep_loop_count([], 2, True) == (None, True)
+    assert take_one_loop_count([_a(0, 3), _a(1, 1), _a(2, 1)], 4, k=1) == ([_a(1, 1), _a(2, 1)], [_a(0, 3)])
+    # arbitrary arrivals: an assignment waits at most 2 (K - 1) requests after it arrives
+    import random
+
+    rng, queue, last, rising, worst = random.Random(0), [], None, True, 0
+    for t in range(2000):
+        queue += [(rng.choice([1, 2, 3, 4, 6]), t) for _ in range(rng.randint(0, 2))]
+        if not queue:
+            continue
+        last, rising = sweep_loop_count([k for k, _ in queue], last, rising)
+        served = [born for k, born in queue if k == last]
+        worst = max(worst, t - min(served))
+        queue = [(k, born) for k, born in queue if k != last]
+    assert worst <= 2 * (5 - 1), worst
 
 
 def test_stale_groups_are_evicted_and_counted_and_the_oldest_fresh_ones_go_first():
