@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from elr_rl.rl.driver import Driver
-from elr_rl.rl.rollout_worker import WEIGHTS_FILE_PREFIX
+from elr_rl.rl.rollout_worker import WEIGHTS_FILE_PREFIX, sweep_stale_weight_files
 from elr_rl.rl.run_state import STATE_FILE
 from tests.rl.helpers import make_config
 
@@ -165,6 +165,8 @@ def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, 
         proc.wait(timeout=60)
     saved = json.loads((ckpt / STATE_FILE).read_text())
     _wait_for_free_cpus(60)  # Ray reaps the dead driver's actors
+    # one reaped while loading weights leaves its file (a new worker sweeps such files once 10 minutes old)
+    sweep_stale_weight_files(Path("/dev/shm"), min_age_s=0)
     driver = Driver(cfg)
     restarted = _kill_a_worker_right_after_start(driver)
     summary = driver.run()
