@@ -20,8 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-import collections
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,7 @@ class Driver:
         self.window = StepWindow()
         self.reports: list[RolloutResult] = []  # finished groups not yet reported to the curriculum
         self.step = self.version = 0
-        self.trainings: collections.deque[Training] = collections.deque()  # running first, then queued
+        self.trainings: deque[Training] = deque()  # running first, then queued
         self.state: RunState | None = None
         self.started = False
 
