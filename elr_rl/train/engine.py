@@ -53,9 +53,24 @@ def init_distributed(rank: int, world_size: int, accelerator: str, master_addr: 
 
     if dist.is_initialized():
         return
+    if accelerator == "cpu":
+        skip_shm_inference_op()
     backend = "gloo" if accelerator == "cpu" else "nccl"
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, rank=rank, world_size=world_size,
                                verbose=False)
+
+
+def skip_shm_inference_op() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory all-reduce kernel at init.
+
+    Only DeepSpeed's tensor-parallel inference calls that kernel (`inference_all_reduce`); a training
+    all-reduce goes through torch.distributed (gloo). Compiling it takes 1.5-2 minutes of two cores
+    inside the first learner rank's setup, on every node, and again whenever the interpreter's path
+    changes (torch keys its extension cache on the build command, which names the venv).
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # probed once per process, then cached
 
 
 def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:

@@ -165,3 +165,30 @@ def test_closed_trainer_leaves_no_process_group_threads(tmp_path, stage):
     threads = json.loads(proc.stdout.split("THREADS ", 1)[1])
     left = {name: n for name, n in threads.items() if "gloo" in name or "tcpstore" in name}
     assert not left, left
+
+
+INIT_PROBE = """
+import json, sys
+from elr_rl.train.engine import init_distributed, release_process_groups
+from elr_rl.train.rank import free_port
+
+init_distributed(0, 1, "cpu", master_port=free_port())
+import deepspeed.comm.comm as ds_comm
+print("SHM " + json.dumps(ds_comm.cdb.shm_comm_op is None))
+release_process_groups()
+"""
+
+
+def test_cpu_rank_init_compiles_no_deepspeed_extension(tmp_path):
+    """A CPU rank joins its process group without JIT-compiling DeepSpeed's shared-memory all-reduce
+    kernel (only tensor-parallel inference uses it; compiling it stalled a learner's setup ~2 minutes)."""
+    import os
+    import subprocess
+    import sys
+
+    ext = tmp_path / "torch_extensions"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
+    proc = subprocess.run([sys.executable, "-c", INIT_PROBE], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.split("SHM ", 1)[1]) is True
+    assert not ext.exists() or not any(ext.iterdir()), sorted(p.name for p in ext.rglob("*"))
