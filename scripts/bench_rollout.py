@@ -50,6 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ks", type=int, nargs="+", default=[1, 4])
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM KV-cache block size (default: the engine's, 32 on CPU; 128 is vLLM-CPU's own)")
+    p.add_argument("--cpu-gemm", default="onednn", choices=["onednn", "torch"],
+                   help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, or torch's F.linear)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -237,7 +239,8 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
             raw["pytorch"][k] = bench_pytorch(model, prompts, codec, k, args)
             rates.append(matmul_gflops(getattr(torch, dtype)))
     opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens,
-                         max_num_seqs=len(prompts) * args.samples, cpu_threads=threads, block_size=args.block_size)
+                         max_num_seqs=len(prompts) * args.samples, cpu_threads=threads, block_size=args.block_size,
+                         cpu_gemm=args.cpu_gemm)
     engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
     try:
         bench_vllm(engine, prompts[:4], codec, 1, args)  # warm-up
@@ -268,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         model, codec, prompts = build_checkpoint(args, ckpt)
         model = model.to(getattr(torch, dtype))
         result: dict = {"model_params": model.num_parameters(), "dtype": dtype, "dtype_reason": why,
-                        "batch": args.batch, "samples": args.samples, "block_size": args.block_size,
+                        "batch": args.batch, "samples": args.samples, "block_size": args.block_size, "cpu_gemm": args.cpu_gemm,
                         "new_tokens_cap": args.new_tokens,
                         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "runs": []}
         for threads in args.threads:

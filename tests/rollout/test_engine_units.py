@@ -61,3 +61,42 @@ def test_engine_refuses_bad_arguments_before_starting(tmp_path):
 def test_importing_rollout_does_not_import_vllm():
     code = "import sys, elr_rl, elr_rl.rollout, elr_rl.vllm_plugin; assert 'vllm' not in sys.modules, 'vllm imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_packed_linears_match_f_linear_and_repack_after_a_load():
+    """The CPU projections' oneDNN path computes F.linear at every row count, and a weight changed in
+    place reaches it only through mark_stale + refresh (what every weight load does)."""
+    pytest.importorskip("vllm")
+    from vllm import _custom_ops as ops
+
+    from elr_rl.model.vllm_model import PackedLinears
+
+    if not getattr(ops, "_supports_onednn", False):
+        pytest.skip("this vLLM build has no oneDNN matmul")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(96, 64, bias=True))
+    reference = [(layer.weight.detach().clone(), None if layer.bias is None else layer.bias.detach().clone())
+                 for layer in net]
+
+    def expected(x):
+        for w, b in reference:
+            x = torch.nn.functional.linear(x, w, b)
+        return x
+
+    packed = PackedLinears(net)
+    packed.refresh()
+    assert len(packed.handles) == 2
+    with torch.no_grad():
+        for rows in (1, 3, 4, 17, 64):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(net(x), expected(x), rtol=1e-5, atol=1e-5)
+        x = torch.randn(2, 5, 64)  # leading dims are flattened into rows and restored
+        torch.testing.assert_close(net(x), expected(x), rtol=1e-5, atol=1e-5)
+        net[0].weight.mul_(-2.0)  # an in-place load, as vLLM's weight reload does
+        x = torch.randn(8, 64)
+        stale = net(x)
+        reference[0] = (net[0].weight.detach().clone(), None)
+        assert not torch.allclose(stale, expected(x), atol=1e-3), "the packed copy cannot see in-place writes"
+        packed.mark_stale()
+        packed.refresh()
+        torch.testing.assert_close(net(x), expected(x), rtol=1e-5, atol=1e-5)

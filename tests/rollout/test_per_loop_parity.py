@@ -124,3 +124,21 @@ def test_a_groups_samples_share_their_prompts_kv(served):
     assert out[0].num_cached_tokens == 64, "the samples did not share their prompt's two full blocks"
     groups = engine.generate([prompt + [7]], n=4, max_tokens=8, temperature=1.0)  # sharing serves the right KV
     assert sampled_vs_teacher_forced(served["model"], groups, 2)[1] <= TOL
+
+
+def _gemm_of(worker) -> tuple[str, int, int]:
+    model = worker.model_runner.get_model()
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    return model.cpu_gemm, len(model.packed.handles) if model.packed else 0, linears
+
+
+def test_cpu_projections_run_on_packed_weights(served):
+    """On CPU every projection runs vLLM's oneDNN matmul on packed weights (the parity tests above then
+    check its results, also after weight updates); on other devices the model keeps F.linear."""
+    engine = served["engine"]
+    engine.generate(PROMPTS[:1], n=4, max_tokens=2, temperature=1.0)
+    gemm, packed, linears = engine.llm.collective_rpc(_gemm_of)[0]
+    if engine.platform != "cpu":
+        assert gemm == "torch" and packed == 0
+        return
+    assert gemm == "onednn" and packed == linears > 0
