@@ -1,6 +1,6 @@
 """Rollout benchmark: vLLM against the PyTorch model's generate() on an RL-like batch, against the hardware.
 
-    python scripts/bench_rollout.py [--hidden 1024 --batch 8 --samples 8 --new-tokens 128 --threads 1 2]
+    python scripts/bench_rollout.py [--hidden 1024 --batch 8 --samples 8 --new-tokens 128 --threads 1 2 --cpu-gemm onednn torch]
 
 The batch is what an RL step generates: --batch chat prompts of mixed lengths (--prompt-bytes lo hi),
 each sampled --samples times (the GRPO group; 8 x 8 = 64 sequences, as in scripts/bench_rl.py),
@@ -17,6 +17,9 @@ prefill FLOPs, which decode MFU leaves out), where FLOPs per token =
 head_dim x mean context, and the ceiling is a matrix product timed in this run with the same
 threads and dtype. The dtype is the one whose measured ceiling is higher (bf16 is not assumed
 faster: an AVX2-only CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
+
+On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights (`EngineOptions.cpu_gemm`);
+--cpu-gemm onednn torch (the default) also runs the engine with torch's F.linear and prints the ratio.
 
 Prints a table per thread count, then one line of JSON. Timings on a shared machine are noisy.
 """
@@ -50,8 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ks", type=int, nargs="+", default=[1, 4])
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM KV-cache block size (default: the engine's, 32 on CPU; 128 is vLLM-CPU's own)")
-    p.add_argument("--cpu-gemm", default="onednn", choices=["onednn", "torch"],
-                   help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, or torch's F.linear)")
+    p.add_argument("--cpu-gemm", nargs="+", default=["onednn", "torch"], choices=["onednn", "torch"],
+                   help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, or torch's F.linear); "
+                        "the first is the one compared with PyTorch, each other adds rows `vllm-<gemm>` and a ratio")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -238,19 +242,22 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         for k in args.ks:
             raw["pytorch"][k] = bench_pytorch(model, prompts, codec, k, args)
             rates.append(matmul_gflops(getattr(torch, dtype)))
-    opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens,
-                         max_num_seqs=len(prompts) * args.samples, cpu_threads=threads, block_size=args.block_size,
-                         cpu_gemm=args.cpu_gemm)
-    engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
-    try:
-        bench_vllm(engine, prompts[:4], codec, 1, args)  # warm-up
-        for k in args.ks:
-            raw["vllm"][k] = bench_vllm(engine, prompts, codec, k, args)
-        kv = {f"k{k}": engine.kv_bytes_per_token(k) for k in args.ks}
-    finally:
-        engine.shutdown()
-    torch.set_num_threads(threads)
-    rates.append(matmul_gflops(getattr(torch, dtype)))
+    for i, gemm in enumerate(args.cpu_gemm):
+        name = "vllm" if i == 0 else f"vllm-{gemm}"
+        raw[name] = {}
+        opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens,
+                             max_num_seqs=len(prompts) * args.samples, cpu_threads=threads,
+                             block_size=args.block_size, cpu_gemm=gemm)
+        engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
+        try:
+            bench_vllm(engine, prompts[:4], codec, 1, args)  # warm-up
+            for k in args.ks:
+                raw[name][k] = bench_vllm(engine, prompts, codec, k, args)
+            kv = {f"k{k}": engine.kv_bytes_per_token(k) for k in args.ks}
+        finally:
+            engine.shutdown()
+        torch.set_num_threads(threads)
+        rates.append(matmul_gflops(getattr(torch, dtype)))
     ceiling = max(rates)
     res: dict = {"threads": threads, "ceiling_gflops": round(ceiling, 2),
                  "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv}
@@ -258,6 +265,10 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         res[name] = {f"k{k}": summarise(run, model, k, mean_prompt, ceiling) for k, run in runs.items()}
     res["ratio_vllm_over_pytorch"] = {
         kk: round(res["vllm"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2) for kk in res["vllm"]}
+    for gemm in args.cpu_gemm[1:]:  # the first matmul over each other one, same batch, same run
+        other = res[f"vllm-{gemm}"]
+        res[f"ratio_{args.cpu_gemm[0]}_over_{gemm}"] = {
+            kk: round(res["vllm"][kk]["tokens_per_s"] / other[kk]["tokens_per_s"], 2) for kk in other}
     # The goal: ahead by at least the plain decoder's waste, computed / useful tokens.
     res["plain_waste_factor"] = {kk: round(1 / (1 - res["pytorch"][kk]["waste"]), 2) for kk in res["pytorch"]}
     return res
@@ -286,14 +297,17 @@ def print_table(r: dict, head: dict) -> None:
           f"{head['samples']} samples, prompts of {head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, "
           f"cap {head['new_tokens_cap']}; "
           f"{r['threads']} thread(s), matmul ceiling {r['ceiling_gflops']} GFLOP/s")
-    print(f"{'':10s}{'useful tok/s':>14s}{'mean/max len':>14s}{'waste':>8s}{'GFLOP/s':>10s}{'MFU':>8s}"
+    print(f"{'':14s}{'useful tok/s':>10s}{'mean/max len':>14s}{'waste':>8s}{'GFLOP/s':>10s}{'MFU':>8s}"
           f"{'+prefill MFU':>14s}")
-    for engine in ("vllm", "pytorch"):
+    for engine in [name for name in r if name.startswith("vllm")] + ["pytorch"]:
         for kk, s in r[engine].items():
-            print(f"{engine + ' ' + kk:10s}{s['tokens_per_s']:>14}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+            print(f"{engine + ' ' + kk:14s}{s['tokens_per_s']:>14}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
                   f"{s['waste']:>8}{s['gflops']:>10}{s['mfu']:>8.1%}{s['total_mfu']:>14.1%}")
     for kk, ratio in r["ratio_vllm_over_pytorch"].items():
         print(f"vLLM / PyTorch {kk}: {ratio}x (plain decoder computes {r['plain_waste_factor'][kk]}x the useful tokens)")
+    for key in [name for name in r if name.startswith("ratio_") and name != "ratio_vllm_over_pytorch"]:
+        first, other = key[len("ratio_"):].split("_over_")
+        print(f"vLLM with {first} / with {other} matmuls: " + ", ".join(f"{kk} {v}x" for kk, v in r[key].items()))
 
 
 if __name__ == "__main__":
