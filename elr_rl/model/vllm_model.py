@@ -165,7 +165,7 @@ class LoopedVllmForCausalLM(nn.Module):
         self.last_loaded: set[str] = set()
         from vllm.platforms import current_platform
 
-        self.cpu_gemm = _cpu_gemm(hf, current_platform.device_type)
+        self.cpu_gemm = _cpu_gemm(hf, current_platform.device_type, vllm_config.model_config.enforce_eager)
         self.packed = PackedLinears(self) if self.cpu_gemm == "onednn" else None
         if spec.kv_cache_mode == "last_loop":
             _warn_unsafe_last_loop(vllm_config)
@@ -232,7 +232,7 @@ class PackedLinears:
         self.ops, self.min_rows = ops, min_rows
         self.layers = [m for m in model.modules() if type(m) is nn.Linear]
         self.handles: dict[int, object] = {}
-        self.stale = True
+        self.stale, self.warned = True, False
         for layer in self.layers:
             layer.forward = self._forward_of(layer)  # instance attribute: nn.Module.__call__ finds it first
 
@@ -243,12 +243,16 @@ class PackedLinears:
         """Repack every weight if a load happened since the last pack."""
         if not self.stale:
             return
-        handles = {}
+        handles, failed = {}, []
         for layer in self.layers:
             try:
                 handles[id(layer)] = self.ops.create_onednn_mm(layer.weight.detach().t(), 32)
             except RuntimeError as err:  # a dtype or shape oneDNN lacks here: that layer keeps F.linear
-                logger.warning("oneDNN matmul unavailable for a %s weight (%s): using F.linear", layer.weight.dtype, err)
+                failed.append(f"{tuple(layer.weight.shape)} {layer.weight.dtype}: {err}")
+        if failed and not self.warned:
+            logger.warning("oneDNN matmul unavailable for %d of %d projections, which keep F.linear (first: %s)",
+                           len(failed), len(self.layers), failed[0])
+            self.warned = True
         self.handles, self.stale = handles, False
 
     def _forward_of(self, layer: nn.Linear):
@@ -263,11 +267,13 @@ class PackedLinears:
         return forward
 
 
-def _cpu_gemm(hf, platform: str) -> str:
+def _cpu_gemm(hf, platform: str, eager: bool) -> str:
+    """The projections' matmul: oneDNN on CPU unless asked otherwise; F.linear on other devices and
+    under torch.compile (packing at the first forward after a load is a Python side effect)."""
     choice = str(getattr(hf, CPU_GEMM_KEY, None) or "onednn")
     if choice not in CPU_GEMMS:
         raise ValueError(f"{CPU_GEMM_KEY}={choice!r}: pick one of {CPU_GEMMS}")
-    if platform != "cpu" or choice == "torch":
+    if platform != "cpu" or choice == "torch" or not eager:
         return "torch"
     from vllm import _custom_ops as ops
 
