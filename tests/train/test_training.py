@@ -170,9 +170,8 @@ def test_closed_trainer_leaves_no_process_group_threads(tmp_path, stage):
 INIT_PROBE = """
 import json, sys
 from elr_rl.train.engine import init_distributed, release_process_groups
-from elr_rl.train.rank import free_port
 
-init_distributed(0, 1, "cpu", master_port=free_port())
+init_distributed(0, 1, "cpu")
 import deepspeed.comm.comm as ds_comm
 print("SHM " + json.dumps(ds_comm.cdb.shm_comm_op is None))
 release_process_groups()
@@ -186,8 +185,11 @@ def test_cpu_rank_init_compiles_no_deepspeed_extension(tmp_path):
     import subprocess
     import sys
 
+    from elr_rl.train.rank import free_port
+
     ext = tmp_path / "torch_extensions"
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext)}
+    # its own rendezvous port: MASTER_* in this process's environment (set by earlier tests) would win
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     proc = subprocess.run([sys.executable, "-c", INIT_PROBE], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.split("SHM ", 1)[1]) is True
