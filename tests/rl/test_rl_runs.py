@@ -136,8 +136,12 @@ def test_a_killed_rollout_worker_is_restarted_and_nothing_is_lost(toy_checkpoint
     assert summary["restarted_workers"] >= 1
     assert accounted(summary)
     assert rows(tmp_path / "run")[-1]["faults/restarted_workers"] >= 1
-    # a worker's weights file lives only while it loads them: the killed one left nothing in /dev/shm
-    assert not list(Path("/dev/shm").glob(f"{WEIGHTS_FILE_PREFIX}{killed['pid']}-*"))
+    # a worker's weights file lives only while it loads them: killed between loads, it left nothing in
+    # /dev/shm; killed mid-load (seen in CI), its file is one a new worker's sweep removes (once 10 min old)
+    left = sorted(Path("/dev/shm").glob(f"{WEIGHTS_FILE_PREFIX}{killed['pid']}-*"))
+    assert len(left) <= 1
+    if left:
+        assert left[0] in sweep_stale_weight_files(Path("/dev/shm"), min_age_s=0)
 
 
 def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, tmp_path):
