@@ -219,7 +219,7 @@ class LoopedVllmForCausalLM(nn.Module):
 class PackedLinears:
     """CPU: a model's `nn.Linear` layers through vLLM's oneDNN matmul on packed copies of their weights.
 
-    torch's `F.linear` goes to MKL, whose fp32 GEMM with a few rows (a decode step's batch) ran at 7-18
+    torch's `F.linear` goes to MKL, whose fp32 GEMM with 8 rows (a decode step's batch) ran at 8-25
     GFLOP/s on an AVX2 AMD EPYC where oneDNN on the same shapes ran 1.2-2x faster; with one row
     (a lone sequence) MKL's matrix-vector product was faster, so rows below `min_rows` stay on it.
     A packed copy does not follow in-place weight changes: `mark_stale` (every load) makes the next
