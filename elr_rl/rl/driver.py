@@ -107,8 +107,10 @@ class Driver:
         finally:
             if self.bar is not None:
                 self.bar.close()
-            summary = self._summary()
-            self._shutdown()
+            try:
+                summary = self._summary()
+            finally:  # whatever the summary met, what _start started is shut down
+                self._shutdown()
         return summary
 
     # ------------------------------------------------------------------ set-up
@@ -322,9 +324,12 @@ class Driver:
     def _summary(self) -> dict[str, Any]:
         """summary.json: where the run stopped and what happened to every prompt group."""
         c = self.cfg
-        started = hasattr(self, "scheduler")
-        pending = (len(self.buffer) + len(self.scorer) + len(self.scheduler.queue) + self.scheduler.in_flight()
-                   if started else 0)
+        # _start may have failed part-way (e.g. the scoring pool did not start): count what exists
+        pending = len(self.buffer)
+        if hasattr(self, "scorer"):
+            pending += len(self.scorer)
+        if hasattr(self, "scheduler"):
+            pending += len(self.scheduler.queue) + self.scheduler.in_flight()
         summary = {"step": self.step, "version": self.version, "ledger": dict(self.ledger),
                    "pending_groups": pending, "restarted_workers": self.fleet.restarts if hasattr(self, "fleet") else 0,
                    "resumed_from_step": self.state.step if self.state else None,

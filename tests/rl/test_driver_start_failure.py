@@ -1,0 +1,45 @@
+"""A run whose start fails part-way, without Ray: the user sees the error that stopped it, and what had
+started is shut down."""
+
+from __future__ import annotations
+
+import pytest
+
+from elr_rl.rl.config import RLConfig
+from elr_rl.rl.driver import Driver
+
+
+class _Scheduler:
+    queue = [object(), object()]
+
+    def in_flight(self) -> int:
+        return 1
+
+
+def test_a_start_that_fails_before_the_scorer_raises_its_own_error_and_shuts_down(tmp_path, monkeypatch):
+    cfg = RLConfig(model_path="unused")
+    cfg.run.output_dir = str(tmp_path / "run")
+    d = Driver(cfg)
+    shut = []
+
+    def start_then_fail() -> None:  # as _start does: the scheduler exists, then the scoring pool fails to start
+        d.scheduler = _Scheduler()
+        raise RuntimeError("scoring pool failed to start")
+
+    monkeypatch.setattr(d, "_start", start_then_fail)
+    monkeypatch.setattr(d, "_shutdown", lambda: shut.append(True))
+    with pytest.raises(RuntimeError, match="scoring pool failed to start"):
+        d.run()
+    assert shut == [True]
+    assert d._summary()["pending_groups"] == 3  # the scheduler's queue and in-flight work, no scorer yet
+
+
+def test_the_summary_still_shuts_down_when_it_fails(tmp_path, monkeypatch):
+    d = Driver(RLConfig(model_path="unused"))
+    shut = []
+    monkeypatch.setattr(d, "_start", lambda: (_ for _ in ()).throw(RuntimeError("start failed")))
+    monkeypatch.setattr(d, "_summary", lambda: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(d, "_shutdown", lambda: shut.append(True))
+    with pytest.raises(OSError, match="disk full"):
+        d.run()
+    assert shut == [True]
