@@ -16,6 +16,12 @@ class _Scheduler:
         return 1
 
 
+def _raise(exc: Exception):
+    def call() -> None:
+        raise exc
+    return call
+
+
 def test_a_start_that_fails_before_the_scorer_raises_its_own_error_and_shuts_down(tmp_path, monkeypatch):
     cfg = RLConfig(model_path="unused")
     cfg.run.output_dir = str(tmp_path / "run")
@@ -37,8 +43,8 @@ def test_a_start_that_fails_before_the_scorer_raises_its_own_error_and_shuts_dow
 def test_the_summary_still_shuts_down_when_it_fails(tmp_path, monkeypatch):
     d = Driver(RLConfig(model_path="unused"))
     shut = []
-    monkeypatch.setattr(d, "_start", lambda: (_ for _ in ()).throw(RuntimeError("start failed")))
-    monkeypatch.setattr(d, "_summary", lambda: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(d, "_start", _raise(RuntimeError("start failed")))
+    monkeypatch.setattr(d, "_summary", _raise(OSError("disk full")))
     monkeypatch.setattr(d, "_shutdown", lambda: shut.append(True))
     with pytest.raises(OSError, match="disk full"):
         d.run()
