@@ -18,9 +18,8 @@ head_dim x mean context, and the ceiling is a matrix product timed in this run w
 threads and dtype. The dtype is the one whose measured ceiling is higher (bf16 is not assumed
 faster: an AVX2-only CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
 
-On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights, q/k/v and the MLP's
-gate/up each as one matrix (`EngineOptions.cpu_gemm`); --cpu-gemm onednn torch (the default) also runs
-the engine with torch's F.linear and prints the ratio (--cpu-gemm onednn onednn-unfused: the fusion's).
+On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights (`EngineOptions.cpu_gemm`);
+--cpu-gemm onednn torch (the default) also runs the engine with torch's F.linear and prints the ratio.
 
 Prints a table per thread count, then one line of JSON. Timings on a shared machine are noisy.
 """
@@ -54,9 +53,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ks", type=int, nargs="+", default=[1, 4])
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM KV-cache block size (default: the engine's, 32 on CPU; 128 is vLLM-CPU's own)")
-    p.add_argument("--cpu-gemm", nargs="+", default=["onednn", "torch"], choices=["onednn", "onednn-unfused", "torch"],
-                   help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, a sublayer's input "
-                        "projections fused into one; oneDNN one projection at a time; or torch's F.linear); "
+    p.add_argument("--cpu-gemm", nargs="+", default=["onednn", "torch"], choices=["onednn", "torch"],
+                   help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, or torch's F.linear); "
                         "the first is the one compared with PyTorch, each other adds rows `vllm-<gemm>` and a ratio")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)

@@ -80,15 +80,6 @@ class Attention(nn.Module):
         self.window = spec.swa_window if spec.pattern[layer] == "S" else None
         self.layer = layer
 
-    def input_projections(self) -> list[nn.Linear]:
-        """The projections of the sublayer's input, in the order `project` returns their outputs."""
-        return [p for p in (self.q_proj, self.k_proj, self.v_proj, self.g_proj) if p is not None]
-
-    def project(self, h: torch.Tensor) -> list[torch.Tensor]:
-        """[q, k, v(, g)] of h, flat per token. A serving engine may replace it (an instance attribute)
-        with one matmul on the projections' concatenated weights (`vllm_model.PackedLinears`)."""
-        return [p(h) for p in self.input_projections()]
-
     def qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
 
@@ -100,13 +91,14 @@ class Attention(nn.Module):
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, core: AttentionCore, loop_idx: int) -> torch.Tensor:
         lead = h.shape[:-1]  # [..., T]
-        q, k, v, *g = self.project(h)
-        q, k, v = q.view(*lead, self.H, self.hd), k.view(*lead, self.KV, self.hd), v.view(*lead, self.KV, self.hd)
+        q = self.q_proj(h).view(*lead, self.H, self.hd)
+        k = self.k_proj(h).view(*lead, self.KV, self.hd)
+        v = self.v_proj(h).view(*lead, self.KV, self.hd)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
         q, k = self.qk_transform(q, k)
         out = core(q, k, v, self.layer, loop_idx, self.window).reshape(*lead, self.H * self.hd)
-        if g:
-            out = (out.float() * torch.sigmoid(self.gate_logits(g[0]).float())).to(out.dtype)
+        if self.g_proj is not None:
+            out = (out.float() * torch.sigmoid(self.gate_logits(self.g_proj(h)).float())).to(out.dtype)
         return self.o_proj(self.post(out))
 
 
@@ -142,17 +134,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, ff, bias=False)
         self.down_proj = nn.Linear(ff, d, bias=False)
 
-    def input_projections(self) -> list[nn.Linear]:
-        """The projections of the sublayer's input, in the order `project` returns their outputs."""
-        return [self.gate_proj, self.up_proj]
-
-    def project(self, h: torch.Tensor) -> list[torch.Tensor]:
-        """[gate, up] of h; replaceable like `Attention.project`."""
-        return [p(h) for p in self.input_projections()]
-
     def forward(self, h: torch.Tensor, positions=None, core=None, loop_idx: int = 0) -> torch.Tensor:
-        g, u = self.project(h)
-        return self.down_proj(F.silu(g) * u)
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
 class NgptMLP(MLP):
@@ -166,9 +149,8 @@ class NgptMLP(MLP):
         self.suv_factor = spec.hidden_size**0.5
 
     def forward(self, h, positions=None, core=None, loop_idx: int = 0):
-        g, u = self.project(h)
-        g = g.float() * (self.suv_gate.float() * self.suv_factor)
-        u = u.float() * (self.suv_up.float() * self.suv_factor)
+        g = self.gate_proj(h).float() * (self.suv_gate.float() * self.suv_factor)
+        u = self.up_proj(h).float() * (self.suv_up.float() * self.suv_factor)
         return self.down_proj(justnorm((F.silu(g) * u).to(h.dtype)))
 
 

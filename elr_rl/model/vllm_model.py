@@ -26,9 +26,8 @@ in eager mode a worker can change it between batches (`set_num_loops`).
 Head sizes the attention backend lacks (CPU: below 32) are zero-padded inside the
 core (`kernel_head_size`); the projections are plain `nn.Linear`, so the model
 runs with tensor_parallel_size=1 on CPU and CUDA alike. On CPU they run through
-vLLM's oneDNN matmul on weights packed after every load, a sublayer's input projections
-(q, k, v, gate; MLP gate and up) as one matrix (`PackedLinears`; the `elr_cpu_gemm`
-override picks "onednn", "onednn-unfused" or "torch").
+vLLM's oneDNN matmul on weights packed after every load (`PackedLinears`; the
+`elr_cpu_gemm` override picks "onednn" or "torch").
 """
 
 from __future__ import annotations
@@ -47,10 +46,9 @@ logger = logging.getLogger(__name__)
 # hf_overrides key: how many loops get their own KV cache in per_loop mode
 # (default max_loops). A worker that never runs deeper than k allocates less.
 KV_LOOPS_KEY = "elr_kv_loops"
-# hf_overrides key: the CPU matmul of the projections: "onednn" (default; a sublayer's input
-# projections fused into one matmul), "onednn-unfused" (one matmul each) or "torch" (F.linear).
+# hf_overrides key: the CPU matmul of the projections, "onednn" (default) or "torch" (F.linear).
 CPU_GEMM_KEY = "elr_cpu_gemm"
-CPU_GEMMS = ("onednn", "onednn-unfused", "torch")
+CPU_GEMMS = ("onednn", "torch")
 _ENGINE_KEYS = (KV_LOOPS_KEY, CPU_GEMM_KEY)  # engine settings riding in hf_overrides, not model fields
 
 
@@ -168,8 +166,7 @@ class LoopedVllmForCausalLM(nn.Module):
         from vllm.platforms import current_platform
 
         self.cpu_gemm = _cpu_gemm(hf, current_platform.device_type, vllm_config.model_config.enforce_eager)
-        fuse = self.cpu_gemm == "onednn"
-        self.packed = PackedLinears(self, fuse=fuse) if self.cpu_gemm.startswith("onednn") else None
+        self.packed = PackedLinears(self) if self.cpu_gemm == "onednn" else None
         if spec.kv_cache_mode == "last_loop":
             _warn_unsafe_last_loop(vllm_config)
 
@@ -225,26 +222,15 @@ class PackedLinears:
     torch's `F.linear` goes to MKL, whose fp32 GEMM with 8 rows (a decode step's batch) ran at 8-25
     GFLOP/s on an AVX2 AMD EPYC where oneDNN on the same shapes ran 1.2-2x faster; with one row
     (a lone sequence) MKL's matrix-vector product was faster, so rows below `min_rows` stay on it.
-    With `fuse`, the projections that read one input (a sublayer's `input_projections`: q, k, v and
-    the gate; the MLP's gate and up) are packed as one matrix and run as one matmul whose output is
-    split (the sublayer's `project`): one wider product instead of three or four narrow ones.
     A packed copy does not follow in-place weight changes: `mark_stale` (every load) makes the next
     `refresh` repack from the parameters, which the model calls at the start of each forward.
     """
 
-    def __init__(self, model: nn.Module, min_rows: int = 4, fuse: bool = True) -> None:
+    def __init__(self, model: nn.Module, min_rows: int = 4) -> None:
         from vllm import _custom_ops as ops
 
         self.ops, self.min_rows = ops, min_rows
-        # Fused groups: (sublayer, its input projections); their matmul runs through `sublayer.project`.
-        self.groups: list[tuple[nn.Module, list[nn.Linear]]] = []
-        for module in model.modules() if fuse else ():
-            projs = module.input_projections() if hasattr(module, "input_projections") else []
-            if len(projs) > 1 and all(type(p) is nn.Linear and p.bias is None for p in projs):
-                self.groups.append((module, projs))
-                module.project = self._project_of(module, projs)  # instance attribute: found before the method
-        grouped = {id(p) for _, projs in self.groups for p in projs}
-        self.layers = [m for m in model.modules() if type(m) is nn.Linear and id(m) not in grouped]
+        self.layers = [m for m in model.modules() if type(m) is nn.Linear]
         self.handles: dict[int, object] = {}
         self.stale, self.warned = True, False
         for layer in self.layers:
@@ -258,46 +244,27 @@ class PackedLinears:
         if not self.stale:
             return
         handles, failed = {}, []
-        packs = [(layer, layer.weight.detach()) for layer in self.layers]
-        packs += [(module, torch.cat([p.weight.detach() for p in projs])) for module, projs in self.groups]
-        for owner, weight in packs:
-            try:  # the handle holds its own packed copy of the weight
-                handles[id(owner)] = self.ops.create_onednn_mm(weight.t(), 32)
+        for layer in self.layers:
+            try:
+                handles[id(layer)] = self.ops.create_onednn_mm(layer.weight.detach().t(), 32)
             except RuntimeError as err:  # a dtype or shape oneDNN lacks here: that layer keeps F.linear
-                failed.append(f"{tuple(weight.shape)} {weight.dtype}: {err}")
+                failed.append(f"{tuple(layer.weight.shape)} {layer.weight.dtype}: {err}")
         if failed and not self.warned:
-            logger.warning("oneDNN matmul unavailable for %d of %d weights, which keep F.linear (first: %s)",
-                           len(failed), len(packs), failed[0])
+            logger.warning("oneDNN matmul unavailable for %d of %d projections, which keep F.linear (first: %s)",
+                           len(failed), len(self.layers), failed[0])
             self.warned = True
         self.handles, self.stale = handles, False
 
-    def _matmul(self, owner: nn.Module, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None
-                ) -> torch.Tensor | None:
-        """x @ weight.T on owner's packed handle, or None where F.linear serves better (few rows) or must."""
-        handle = self.handles.get(id(owner))
-        rows = x.numel() // max(x.shape[-1], 1)
-        if handle is None or self.stale or rows < self.min_rows or x.dtype != weight.dtype:
-            return None
-        out = self.ops.onednn_mm(handle, x.reshape(rows, x.shape[-1]).contiguous(), bias)
-        return out.view(*x.shape[:-1], out.shape[-1])
-
     def _forward_of(self, layer: nn.Linear):
         def forward(x: torch.Tensor) -> torch.Tensor:
-            out = self._matmul(layer, layer.weight, x, layer.bias)
-            return nn.functional.linear(x, layer.weight, layer.bias) if out is None else out
+            handle = self.handles.get(id(layer))
+            rows = x.numel() // max(x.shape[-1], 1)
+            if handle is None or self.stale or rows < self.min_rows or x.dtype != layer.weight.dtype:
+                return nn.functional.linear(x, layer.weight, layer.bias)
+            out = self.ops.onednn_mm(handle, x.reshape(rows, x.shape[-1]).contiguous(), layer.bias)
+            return out.view(*x.shape[:-1], out.shape[-1])
 
         return forward
-
-    def _project_of(self, module: nn.Module, projs: list[nn.Linear]):
-        sizes = [p.out_features for p in projs]
-
-        def project(h: torch.Tensor) -> list[torch.Tensor]:
-            out = self._matmul(module, projs[0].weight, h)
-            if out is None:
-                return [nn.functional.linear(h, p.weight) for p in projs]
-            return list(out.split(sizes, dim=-1))
-
-        return project
 
 
 def _cpu_gemm(hf, platform: str, eager: bool) -> str:
@@ -310,7 +277,7 @@ def _cpu_gemm(hf, platform: str, eager: bool) -> str:
         return "torch"
     from vllm import _custom_ops as ops
 
-    return choice if getattr(ops, "_supports_onednn", False) else "torch"
+    return "onednn" if getattr(ops, "_supports_onednn", False) else "torch"
 
 
 def _warn_unsafe_last_loop(vllm_config) -> None:

@@ -78,9 +78,7 @@ class EngineOptions:
     samples of 8 prompts of 28-161 tokens prefilled in 2.4-2.7 s against 0.97-1.02 s at 32 (measured)."""
     cpu_gemm: str = "onednn"
     """CPU only: the projections' matmul: "onednn" (vLLM's oneDNN kernel on weights packed after each load;
-    1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC; the projections that read one input,
-    q/k/v/gate and the MLP's gate/up, packed as one matrix each), "onednn-unfused" (one matrix per
-    projection) or "torch" (F.linear)."""
+    1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC) or "torch" (F.linear)."""
     speculative_tokens: int = 0
     """Self-speculative decoding: the same weights at speculative_draft_k loops draft this many tokens a
     step and the engine's k verifies them (vLLM's draft-model method); 0 = off. per_loop cache mode only.
@@ -199,10 +197,8 @@ class RolloutEngine:
             raise ValueError(f"k={self.k} is outside 1..{self.max_loops} (max_loops of {self.checkpoint_dir})")
         if self.cache_mode == "per_loop" and not self.k <= self.kv_loops <= self.max_loops:
             raise ValueError(f"options.kv_loops={self.kv_loops} must be in k..max_loops = {self.k}..{self.max_loops}")
-        from elr_rl.model.vllm_model import CPU_GEMMS
-
-        if opts.cpu_gemm not in CPU_GEMMS:
-            raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick one of {CPU_GEMMS}")
+        if opts.cpu_gemm not in ("onednn", "torch"):
+            raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick 'onednn' or 'torch'")
         if opts.speculative_tokens < 0:
             raise ValueError(f"options.speculative_tokens={opts.speculative_tokens} must be >= 0 (0 = off)")
         if opts.speculative_tokens:
