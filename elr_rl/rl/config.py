@@ -148,8 +148,8 @@ class LearnerConfig:
     num_gpus_per_rank: float = 0.0
     """GPUs reserved by each rank actor."""
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(grad_accum_steps=1, accelerator="auto"))
-    """ZeRO stage, precision, device (grad_accum_steps is ignored: the learner sets it to len(curriculum.loop_counts),
-    one microbatch per loop count in every step, empty ones included)."""
+    """ZeRO stage, precision, device (grad_accum_steps is ignored: a step accumulates over its microbatches,
+    one or more per loop count, empty ones included; see max_microbatch_tokens)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
     """AdamW settings; the lr is constant after warmup_steps."""
     warmup_steps: int = 0
@@ -159,12 +159,21 @@ class LearnerConfig:
     share_prompts: bool = True
     """Compute each group's prompt once for all its samples (packed rows, exact); false: every sample
     carries its own copy (still packed, no padding)."""
+    max_microbatch_tokens: int | None = 16384
+    """Most tokens in one packed microbatch row: a step's samples at each loop count are cut into as many
+    rows as this takes and their gradients accumulated (same gradient, less memory: the activations and
+    the [tokens, vocab] logits of one row at a time). A deeper k holds more activations per token. A
+    sample longer than this trains alone in a row of its own (`batch/over_budget_samples`); null: one
+    row per loop count."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each rank needs, to place the learner on chosen nodes."""
 
     def validate(self) -> None:
         if self.world_size < 1:
             _fail("learner.world_size", f"got {self.world_size}", "use 1 or more")
+        if self.max_microbatch_tokens is not None and self.max_microbatch_tokens < self.max_seq_len:
+            _fail("learner.max_microbatch_tokens", f"{self.max_microbatch_tokens} is below learner.max_seq_len="
+                  f"{self.max_seq_len}", "raise it to at least max_seq_len (or null: one row per loop count)")
         if self.engine.zero_stage == 3 and self.world_size > 1:
             # Each rank trains its own loop counts' microbatches; ZeRO-3's per-layer parameter
             # gathers then disagree between ranks and deadlock.

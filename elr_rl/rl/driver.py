@@ -242,7 +242,7 @@ class Driver:
         self.ledger["trained"] += len(groups) - uninformative
         self.ledger["uninformative"] += uninformative
         lb = learner_batches(samples, c.learner.world_size, self.depth, c.algo.aggregation, c.curriculum.loop_counts,
-                             c.learner.share_prompts)
+                             c.learner.share_prompts, c.learner.max_microbatch_tokens)
         dropped = self.buffer.dropped_stale - self.ledger["dropped_reported"]
         self.ledger["dropped_reported"] = self.buffer.dropped_stale
         lr = c.learner.optim.lr * warmup_factor(self.step + len(self.trainings), c.learner.warmup_steps)

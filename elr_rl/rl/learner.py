@@ -38,7 +38,10 @@ def targets(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
 def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[dict[str, float]]):
     """The GRPO objective as a TrainEngine loss function: (logits, microbatch) -> loss."""
     a = cfg.algo
-    grad_accum_steps = len(cfg.curriculum.loop_counts)  # one microbatch per loop count (LearnerRank.setup)
+
+    def engine_divisor(batch: dict[str, Any]) -> float:
+        """The step's microbatches x ranks: what the engine divides each microbatch's gradient by."""
+        return float(batch["accum_steps"]) * cfg.learner.world_size
 
     def loss_fn(logits: torch.Tensor | list[torch.Tensor], batch: dict[str, Any]) -> torch.Tensor:
         readouts = logits if isinstance(logits, list) else [logits]  # loop_credit: one per loop, the last at k
@@ -58,7 +61,7 @@ def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[di
             clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, tis_cap=a.tis_cap,
             ref_logp=ref, kl_coef=a.kl_coef, entropy=entropy, entropy_coef=a.entropy_coef,
             global_denominator=float(batch["global_denominator"]),
-            engine_divisor=grad_accum_steps * cfg.learner.world_size, sequence_ids=batch.get("sequence_ids"),
+            engine_divisor=engine_divisor(batch), sequence_ids=batch.get("sequence_ids"),
         )
         if len(readouts) > 1 and a.loop_credit > 0:
             loss = loss + a.loop_credit * loop_credit_term(readouts[:-1], ids, pred, old, batch, mask, stats)
@@ -78,7 +81,7 @@ def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[di
         for z in shallow:
             per_token = -batch["advantages"] * grpo.token_logprobs(z, ids, pred) * weights
             terms.append(grpo.aggregate(per_token, mask, a.aggregation, float(batch["global_denominator"]),
-                                        grad_accum_steps * cfg.learner.world_size, batch.get("sequence_ids")))
+                                        engine_divisor(batch), batch.get("sequence_ids")))
         term = torch.stack(terms).mean()
         stats["loop_credit_loss"] = float(term.detach())
         return term
@@ -118,7 +121,8 @@ class LearnerRank:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
         c = self.cfg
         engine_cfg = c.learner.engine
-        engine_cfg.grad_accum_steps = len(c.curriculum.loop_counts)  # one microbatch per loop count
+        # the starting accumulation; each step sets it to that step's microbatch count (TrainEngine.train_step)
+        engine_cfg.grad_accum_steps = len(c.curriculum.loop_counts)
         train_cfg = TrainConfig(engine=engine_cfg, optim=c.learner.optim, run=TrainRunConfig(seed=c.run.seed))
         model = LoopedForCausalLM.from_pretrained(c.model_path)
         self.depth = model.spec.effective_depth

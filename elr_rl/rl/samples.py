@@ -3,8 +3,8 @@
 A `Group` is one prompt's G completions at one loop count k, tagged with the
 policy version that produced it. The buffer hands the learner groups no older
 than `max_staleness` versions; `learner_batches` turns groups into per-rank
-microbatches (one per loop count, so each sample is trained at the k that
-produced it), balanced across ranks by cost = tokens x D_eff(k).
+microbatches (per loop count, so each sample is trained at the k that produced
+it; within a token budget per row), balanced across ranks by cost = tokens x D_eff(k).
 """
 
 from __future__ import annotations
@@ -188,17 +188,24 @@ def pack(samples: list[TrainSample], global_denominator: float, share_prompts: b
 
 
 def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable[[int], int],
-                    aggregation: str, loop_counts: list[int], share_prompts: bool = True) -> LearnerBatch:
-    """Split samples over ranks (greedy by cost = tokens x D_eff(k)) and into one microbatch per k.
+                    aggregation: str, loop_counts: list[int], share_prompts: bool = True,
+                    max_tokens: int | None = None) -> LearnerBatch:
+    """Split samples over ranks (greedy by cost = tokens x D_eff(k)) and into microbatches per k.
 
-    Every rank gets one microbatch per entry of `loop_counts` (empty ones are an untrained two-token
-    row), so every rank runs the same number of backward passes and the gradient all-reduces line
-    up; all depths meet in one optimizer step. A microbatch is one packed row (`pack`): no padding,
-    and with `share_prompts` each group's prompt computed once for all its samples; a group's
-    samples at one k stay on one rank. Every microbatch carries the whole batch's
+    A microbatch is one packed row (`pack`): no padding, and with `share_prompts` each group's prompt
+    computed once for all its samples; a group's samples at one k stay on one rank. Each k gets one
+    microbatch, or with `max_tokens` as many as keep every row within that many tokens (a group too
+    big for one row is split, each part with its own copy of the prompt; a sample longer than the
+    budget trains alone in a row of its own, counted in `batch/over_budget_samples`). Every rank runs
+    the same microbatches' loop counts in the same order (a rank with less work gets empty ones: an
+    untrained two-token row), so the backward passes and the gradient all-reduces line up, and all
+    depths meet in one optimizer step. Every microbatch carries the whole batch's
     `global_denominator` (trained tokens, or sequences with a trained token, per `aggregation`), so
-    the pieces' losses add up to the batch's (`grpo.aggregate`).
+    the pieces' losses add up to the batch's (`grpo.aggregate`), and `accum_steps`, the step's
+    microbatch count, which undoes the engine's division by it.
     """
+    if max_tokens is not None and max_tokens < 2:
+        raise ValueError(f"max_tokens={max_tokens}: a microbatch needs room for at least 2 tokens")
     ks = list(loop_counts)
     unknown = {s.k for s in samples} - set(ks)
     if unknown:
@@ -217,15 +224,63 @@ def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable
     else:
         denominator = sum(1 for s in samples if any(s.loss_mask[1:]))
     denominator = max(float(denominator), 1.0)
-    mbs = [[pack([s for s in rank if s.k == k], denominator, share_prompts) | {"k": k} for k in ks]
-           for rank in per_rank]
+    # rows[r][k]: rank r's microbatches at k, as lists of samples; then every rank gets as many at each k
+    rows = [{k: token_bounded_rows([s for s in rank if s.k == k], share_prompts, max_tokens) for k in ks}
+            for rank in per_rank]
+    count = {k: max(len(rank[k]) for rank in rows) for k in ks}
+    order = [k for k in ks for _ in range(count[k])]
+    steps = torch.tensor(float(len(order)))
+    mbs: list[list[dict[str, torch.Tensor]]] = []
+    computed = 0  # tokens in the rows (a group cut in parts has a prompt per part); not the pad rows
+    for rank in rows:
+        mbs.append([])
+        for k in ks:
+            for part in rank[k] + [[]] * (count[k] - len(rank[k])):
+                mbs[-1].append(pack(part, denominator, share_prompts) | {"k": k, "accum_steps": steps})
+                computed += mbs[-1][-1]["input_ids"].shape[1] if any(s.ids for s in part) else 0
     cost_max, cost_mean = max(loads), sum(loads) / world_size
-    computed = sum(unit_tokens(samples, u) for u in units)
+    over = sum(1 for s in samples if max_tokens is not None and len(s.ids) > max_tokens)
     stats = {"batch/rank_cost_imbalance": cost_max / cost_mean if cost_mean else 1.0,
              "batch/normalizer": denominator,
              "batch/learner_tokens": float(computed),
-             "batch/shared_prompt_tokens": float(sum(len(s.ids) for s in samples) - computed)}
-    return LearnerBatch(mbs, [list(ks) for _ in range(world_size)], stats)
+             "batch/shared_prompt_tokens": float(sum(len(s.ids) for s in samples) - computed),
+             "batch/microbatches": float(len(order)),
+             "batch/over_budget_samples": float(over)}
+    return LearnerBatch(mbs, [list(order) for _ in range(world_size)], stats)
+
+
+def token_bounded_rows(samples: list[TrainSample], share_prompts: bool, max_tokens: int | None
+                       ) -> list[list[TrainSample]]:
+    """The samples (of one rank and loop count) as packed rows of at most max_tokens tokens each
+    (None: one row). Units (a group sharing its prompt, or one sample) go whole into the first row with
+    room, biggest first; a unit over the budget is cut into parts of its samples, each with its own
+    copy of the prompt; a single sample over the budget gets a row of its own. Always >= 1 row."""
+    if max_tokens is None or not samples:
+        return [samples]
+    pieces: list[list[int]] = []
+    for unit in pack_units(samples, share_prompts):
+        if unit_tokens(samples, unit) <= max_tokens:
+            pieces.append(unit)
+            continue
+        part: list[int] = []
+        for i in unit:
+            if part and unit_tokens(samples, part + [i]) > max_tokens:
+                pieces.append(part)
+                part = []
+            part.append(i)
+        pieces.append(part)
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for piece in sorted(pieces, key=lambda p: -unit_tokens(samples, p)):
+        need = unit_tokens(samples, piece)
+        r = next((r for r in range(len(rows)) if room[r] >= need), None)
+        if r is None:
+            rows.append([])
+            room.append(max_tokens)
+            r = len(rows) - 1
+        rows[r] += piece
+        room[r] -= need
+    return [[samples[i] for i in row] for row in rows]
 
 
 def take_one_loop_count(queue: Sequence[Assignment], n: int, k: int | None = None) -> tuple[list[Assignment], list[Assignment]]:

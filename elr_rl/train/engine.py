@@ -206,6 +206,16 @@ class TrainEngine:
                                segment_ids=batch.get("segment_ids"), loop_readouts=True)
         return loop_aux_loss(readouts, batch, self.cfg.loop_aux.weight, dense=self.cfg.loop_aux.dense)
 
+    def _set_accumulation(self, steps: int) -> None:
+        """Make the next `steps` backward passes one optimizer step (DeepSpeed's gradient accumulation)."""
+        if steps == self.engine.gradient_accumulation_steps():
+            return
+        if self.engine.micro_steps % self.engine.gradient_accumulation_steps():
+            raise RuntimeError("the accumulation changed in the middle of an optimizer step")
+        self.engine.set_train_batch_size(steps * self.engine.train_micro_batch_size_per_gpu() * self.engine.dp_world_size)
+        if hasattr(self.optimizer, "gradient_accumulation_steps"):  # ZeRO-1/2/3 keep their own copy
+            self.optimizer.gradient_accumulation_steps = steps
+
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -214,13 +224,13 @@ class TrainEngine:
                    loss_fn: LossFn = cross_entropy_loss) -> dict[str, Any]:
         """One optimizer step over this rank's microbatches, microbatch i at loop count ks[i].
 
-        Returns the per-microbatch losses, the global gradient norm (before clipping) and the lr.
+        Any number of microbatches: DeepSpeed accumulates over this many (every rank must pass as
+        many). Returns the per-microbatch losses, the global gradient norm (before clipping) and the lr.
         """
-        if len(microbatches) != self.cfg.engine.grad_accum_steps or len(ks) != len(microbatches):
-            raise ValueError(
-                f"train_step needs engine.grad_accum_steps={self.cfg.engine.grad_accum_steps} microbatches and as "
-                f"many loop counts, got {len(microbatches)} and {len(ks)}"
-            )
+        if not microbatches or len(ks) != len(microbatches):
+            raise ValueError(f"train_step needs one or more microbatches and as many loop counts, "
+                             f"got {len(microbatches)} and {len(ks)}")
+        self._set_accumulation(len(microbatches))
         self.set_lr(lr)
         self.engine.train()
         losses = []

@@ -39,12 +39,13 @@ def _samples(n: int, seed: int = 0) -> list[TrainSample]:
     return out
 
 
-def _step(cfg, samples, depth) -> tuple[dict[str, torch.Tensor], list[StepResult], list[float]]:
+def _step(cfg, samples, depth, max_tokens=None) -> tuple[dict[str, torch.Tensor], list[StepResult], list[float]]:
     import ray
 
     group = LearnerGroup(cfg)
     try:
-        lb = learner_batches(samples, cfg.learner.world_size, depth, cfg.algo.aggregation, cfg.curriculum.loop_counts)
+        lb = learner_batches(samples, cfg.learner.world_size, depth, cfg.algo.aggregation, cfg.curriculum.loop_counts,
+                             max_tokens=max_tokens)
         results = ray.get(group.train_step(lb.microbatches, lb.ks, lr=1e-2))
         weights = load(ray.get(results[0].weights_ref[0]))  # rank 0 published the new weights
         checksums = ray.get([r.param_checksum.remote() for r in group.ranks])
@@ -75,3 +76,27 @@ def test_two_ranks_make_the_same_update_as_one(toy_checkpoint, ray_cluster, tmp_
     print(f"grad norm {one_results[0].grad_norm:.6g} vs {results[0].grad_norm:.6g}; max |w1 - w2| {worst:.3g}")
     # Adam moves every weight by about lr = 1e-2 on a first step; reduction-order noise stays far below
     assert worst < 5e-5, f"2-rank update differs from 1-rank update by {worst}"
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_a_token_budget_splits_the_step_without_changing_the_update(toy_checkpoint, ray_cluster, tmp_path,
+                                                                     zero_stage):
+    """Rows of at most 30 tokens: groups cut in parts, more microbatches on one rank than the other (the
+    other runs empty rows), DeepSpeed accumulating over a count that changes from step to step; the
+    update is the one-row-per-k update of one rank."""
+    from elr_rl.model import LoopedForCausalLM
+
+    depth = LoopedForCausalLM.from_pretrained(toy_checkpoint).spec.effective_depth
+    samples = _samples(13)
+    configs = [make_config(toy_checkpoint, tmp_path / "one"),
+               make_config(toy_checkpoint, tmp_path / "cut", learner={"world_size": 2})]
+    for cfg in configs:
+        cfg.learner.engine.zero_stage = zero_stage
+    one, one_results, _ = _step(configs[0], samples, depth)
+    cut, results, checksums = _step(configs[1], samples, depth, max_tokens=30)
+    assert len(one_results[0].losses) == 4
+    assert all(len(r.losses) > 4 for r in results)  # more than one row per k
+    assert checksums[0] == pytest.approx(checksums[1], rel=0, abs=1e-9)
+    assert results[0].grad_norm == pytest.approx(one_results[0].grad_norm, rel=1e-5)
+    worst = max((one[n] - cut[n]).abs().max().item() for n in one)
+    assert worst < 5e-5, f"the update with 30-token rows differs from one row per k by {worst}"

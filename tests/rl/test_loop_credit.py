@@ -18,7 +18,7 @@ def _batch(k: int, seed: int = 0) -> dict:
     mask[2, 9:] = 0.0  # a shorter response
     return {"input_ids": ids, "loss_mask": mask, "rollout_logp": -torch.rand(3, 12, generator=g) * 3,
             "advantages": torch.tensor([[1.0], [-0.5], [0.25]]), "global_denominator": torch.tensor(float(mask[:, 1:].sum())),
-            "k": k}
+            "k": k, "accum_steps": torch.tensor(3.0)}  # the step's microbatches, which the loss multiplies back
 
 
 def _grads(model, loss):
@@ -51,7 +51,7 @@ def test_loop_credit_adds_each_shallow_readouts_advantage_weighted_logprob(aggre
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
     logps = [z[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1) for z in readouts]
     w = torch.exp(logps[-1].detach() - batch["rollout_logp"][:, 1:]).clamp(max=2.0)
-    div = len(cfg.curriculum.loop_counts)
+    div = float(batch["accum_steps"])
     terms = []
     for lp in logps[:-1]:
         per_token = -batch["advantages"] * lp * w * mask

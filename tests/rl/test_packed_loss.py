@@ -57,7 +57,8 @@ def test_a_packed_batch_has_the_loss_and_gradients_of_one_row_per_sample(aggrega
     trained = [sum(s.loss_mask[1:]) for s in samples]
     denominator = float(sum(trained)) if aggregation == "token" else float(sum(1 for t in trained if t))
     results = []
-    for mb in (pack(samples, denominator) | {"k": k}, _rows(samples, denominator) | {"k": k}):
+    step = {"k": k, "accum_steps": torch.tensor(2.0)}
+    for mb in (pack(samples, denominator) | step, _rows(samples, denominator) | step):
         stats: list[dict] = []
         loss_fn = make_loss_fn(cfg, ref, stats)
         model.zero_grad()

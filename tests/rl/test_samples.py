@@ -113,21 +113,35 @@ def _per_token(s: TrainSample, t: int) -> float:
     return s.advantage * (s.ids[t] + 0.1 * s.ids[t - 1]) % 7.0
 
 
+@pytest.mark.parametrize("max_tokens", [None, 9])
 @pytest.mark.parametrize("share", [True, False])
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
-def test_per_rank_microbatches_add_up_to_the_whole_batch_loss(aggregation, share):
+def test_per_rank_microbatches_add_up_to_the_whole_batch_loss(aggregation, share, max_tokens):
     """What DeepSpeed applies (each microbatch's loss / accumulation steps, averaged over ranks) equals the
-    loss of the whole batch computed sample by sample."""
+    loss of the whole batch computed sample by sample; also with rows of at most 9 tokens."""
     samples = _grouped_samples()
     ks, world = [1, 2, 3, 4], 2
-    lb = learner_batches(samples, world, lambda k: 2 + k, aggregation, ks, share_prompts=share)
-    assert [len(r) for r in lb.microbatches] == [len(ks)] * world and lb.ks == [ks] * world  # same count per rank
+    lb = learner_batches(samples, world, lambda k: 2 + k, aggregation, ks, share_prompts=share, max_tokens=max_tokens)
+    n = len(lb.ks[0])
+    assert lb.ks == [lb.ks[0]] * world and [len(r) for r in lb.microbatches] == [n] * world  # same rows per rank
+    assert sorted(set(lb.ks[0])) == ks and lb.ks[0] == sorted(lb.ks[0])  # every k, each k's rows together
+    assert all(int(mb["accum_steps"]) == n for r in lb.microbatches for mb in r) and lb.stats["batch/microbatches"] == n
+    if max_tokens is None:
+        assert n == len(ks)  # one row per k
+    else:
+        assert n > len(ks)
+        for mb in (mb for r in lb.microbatches for mb in r):  # within the budget, or one sample alone
+            assert mb["input_ids"].shape[1] <= max_tokens or len(set(mb["sequence_ids"][0].tolist()) - {-1}) == 1
+        assert lb.stats["batch/over_budget_samples"] == sum(len(s.ids) > max_tokens for s in samples) > 0
     placed = [mb["loss_mask"].sum().item() for r in lb.microbatches for mb in r]
     assert sum(placed) == sum(sum(s.loss_mask[1:]) for s in samples)  # every trained token placed once
     total = sum(len(s.ids) for s in samples)
     shared = sum(s.prompt_len * (n - 1) for s, n in [(samples[0], 3), (samples[3], 3), (samples[6], 3),
                                                       (samples[9], 2)])
-    assert lb.stats["batch/learner_tokens"] == total - (shared if share else 0)
+    if max_tokens is None:
+        assert lb.stats["batch/learner_tokens"] == total - (shared if share else 0)
+    else:  # a group cut in parts has its prompt once per part
+        assert total - (shared if share else 0) <= lb.stats["batch/learner_tokens"] <= total
     assert sum(mb["input_ids"].shape[1] for r in lb.microbatches for mb in r) == (
         lb.stats["batch/learner_tokens"] + 2 * sum(1 for r in lb.microbatches for mb in r if mb["loss_mask"].sum() == 0
                                                    and mb["input_ids"].shape[1] == 2))
@@ -138,7 +152,7 @@ def test_per_rank_microbatches_add_up_to_the_whole_batch_loss(aggregation, share
 
     applied = sum(
         grpo.aggregate(per_token(mb), mb["loss_mask"], aggregation, float(mb["global_denominator"]),
-                       engine_divisor=len(ks) * world, sequence_ids=mb["sequence_ids"]) / len(ks)
+                       engine_divisor=float(mb["accum_steps"]) * world, sequence_ids=mb["sequence_ids"]) / n
         for rank in lb.microbatches for mb in rank) / world
     per_sample = [(sum(_per_token(s, t) * s.loss_mask[t] for t in range(1, len(s.ids))), sum(s.loss_mask[1:]))
                   for s in samples]
