@@ -46,6 +46,9 @@ RL (`elr-rl rl`), one row per learner step:
     batch/groups_k{k}, batch/loop_tokens         the step's groups per loop count; its (prompt + response)
                                                  tokens x k, the learner's work
     perf/learner_loop_tokens_per_s               batch/loop_tokens / timing_s/learner_compute
+    batch/learner_tokens, batch/learner_sublayer_tokens   tokens in the learner's rows (a shared prompt
+                                                 once), and those x D_eff(k): the work at any depth mix
+    perf/learner_sublayer_tokens_per_s           batch/learner_sublayer_tokens / timing_s/learner_compute
     perf/weight_sync_frac                        timing_s/weight_sync / timing_s/step
     perf/gen_tokens_per_s, perf/trained_tokens_per_s, perf/trained_tokens
     perf/rollout_idle_ratio, perf/learner_idle_ratio   (fractions of the time since the last row)

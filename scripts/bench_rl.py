@@ -95,6 +95,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     busy = [r["perf/learner_threads_busy"] for r in rows[1:] if "perf/learner_threads_busy" in r]
     wait = [r["timing_s/learner_wait"] for r in rows[1:] if r.get("timing_s/learner_wait") is not None]
     loop_tokens = sum(r.get("batch/loop_tokens", 0) for r in rows[1:])
+    sublayer_tokens = sum(r.get("batch/learner_sublayer_tokens", 0) for r in rows[1:])
     # tokens the learner computed (each group's prompt once with share_prompts) over the samples' own tokens
     computed = sum(r.get("batch/learner_tokens", 0) for r in rows[1:])
     own = computed + sum(r.get("batch/shared_prompt_tokens", 0) for r in rows[1:])
@@ -104,6 +105,8 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
             "learner_wait_s": sum(wait) / len(wait) if wait else None,  # the rank idle between steps
             # the learner's speed on the work it got (steps at deeper k mixes carry more)
             "learner_loop_tokens_per_s": loop_tokens / sum(compute) if compute else None,
+            # the same on the tokens it ran x D_eff(k): comparable between runs of different depth mixes
+            "learner_sublayer_tokens_per_s": sublayer_tokens / sum(compute) if compute else None,
             "weight_sync_s": sum(sync) / len(sync), "sync_over_learner_step": (sum(sync) / len(sync)) / learn_s,
             "learner_tokens_over_sample_tokens": computed / own if own else None, "wall_s": wall}
 
@@ -203,17 +206,19 @@ def main() -> None:
     trl = run_trl(args.steps, res["async_k1"]["samples_per_s"], args.size, dtype) if args.trl else {}
     # learn s: the driver's view of a learner step; rank s: timed on the rank; busy: its CPU s per s (1 thread: <= 1)
     # loop tok/s: the rank's (prompt + response) tokens x k per second, its speed on the work it was given
+    # sub tok/s: the tokens the rank ran x D_eff(k) per second (a speed that does not move with the k mix)
     # computed: the tokens the learner ran over the samples' own (prompt + response) tokens
     # wait s: the rank idle between the end of one step and the start of the next
     print(f"learner.share_prompts={args.share_prompts} async_.queued_steps={args.queued_steps}")
     print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'wait s':>7} {'busy':>6} "
-          f"{'loop tok/s':>10} {'sync s':>8} {'sync/learn':>10} {'computed':>9}")
+          f"{'loop tok/s':>10} {'sub tok/s':>9} {'sync s':>8} {'sync/learn':>10} {'computed':>9}")
     nan = float("nan")
     for r in res.values():
         rank_s, busy = r["learner_compute_s"] or nan, r["learner_threads_busy"] or nan
         wait = r["learner_wait_s"] if r["learner_wait_s"] is not None else nan
         print(f"{r['mode']:>8} {r['samples_per_s']:>10.2f} {r['step_s']:>8.2f} {r['learner_step_s']:>8.2f} "
               f"{rank_s:>8.2f} {wait:>7.2f} {busy:>6.2f} {r['learner_loop_tokens_per_s'] or nan:>10.0f} "
+              f"{r['learner_sublayer_tokens_per_s'] or nan:>9.0f} "
               f"{r['weight_sync_s']:>8.3f} {r['sync_over_learner_step']:>10.1%} "
               f"{r['learner_tokens_over_sample_tokens'] or nan:>9.1%}")
     if trl.get("trl_samples_per_s"):

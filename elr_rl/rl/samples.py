@@ -231,18 +231,21 @@ def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable
     order = [k for k in ks for _ in range(count[k])]
     steps = torch.tensor(float(len(order)))
     mbs: list[list[dict[str, torch.Tensor]]] = []
-    computed = 0  # tokens in the rows (a group cut in parts has a prompt per part); not the pad rows
+    computed = sublayer_tokens = 0  # tokens in the rows (a group cut in parts has a prompt per part); not pads
     for rank in rows:
         mbs.append([])
         for k in ks:
             for part in rank[k] + [[]] * (count[k] - len(rank[k])):
                 mbs[-1].append(pack(part, denominator, share_prompts) | {"k": k, "accum_steps": steps})
-                computed += mbs[-1][-1]["input_ids"].shape[1] if any(s.ids for s in part) else 0
+                tokens = mbs[-1][-1]["input_ids"].shape[1] if any(s.ids for s in part) else 0
+                computed += tokens
+                sublayer_tokens += tokens * depth(k)
     cost_max, cost_mean = max(loads), sum(loads) / world_size
     over = sum(1 for s in samples if max_tokens is not None and len(s.ids) > max_tokens)
     stats = {"batch/rank_cost_imbalance": cost_max / cost_mean if cost_mean else 1.0,
              "batch/normalizer": denominator,
              "batch/learner_tokens": float(computed),
+             "batch/learner_sublayer_tokens": float(sublayer_tokens),  # each token x D_eff(k): the work
              "batch/shared_prompt_tokens": float(sum(len(s.ids) for s in samples) - computed),
              "batch/microbatches": float(len(order)),
              "batch/over_budget_samples": float(over)}

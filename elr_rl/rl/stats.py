@@ -142,6 +142,10 @@ def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, wi
     row["batch/loop_tokens"] = loop_tokens
     if compute_s:
         row["perf/learner_loop_tokens_per_s"] = loop_tokens / compute_s
+        # the tokens the learner ran x the sublayers each passed through (D_eff(k)): a speed that does not
+        # move with the batch's depth mix (k = 1 runs 4 sublayers per loop of a 1 + 2 + 1 model, k = 4 2.5)
+        if info.stats.get("batch/learner_sublayer_tokens"):
+            row["perf/learner_sublayer_tokens_per_s"] = info.stats["batch/learner_sublayer_tokens"] / compute_s
     gen_tokens = sum(s.num_model_tokens for g in window for s in g.samples)
     row["perf/gen_tokens_per_s"] = gen_tokens / window_s if window_s else 0.0  # generated since the last row
     row.update(info.stats)

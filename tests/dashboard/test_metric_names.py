@@ -48,7 +48,8 @@ def test_rl_step_metrics_use_the_scheme():
                                         "is_weight_mean": 1.0, "update": 0}], weights_serialize_s=0.0,
                           compute_s=2.0, cpu_s=3.0)]
     info = BatchInfo(window[:2], staleness=[0, 1], dropped_stale_new=2, lr=1e-4,
-                     stats={"batch/uninformative_groups": 1.0, "batch/trained_samples": 2.0})
+                     stats={"batch/uninformative_groups": 1.0, "batch/trained_samples": 2.0,
+                            "batch/learner_sublayer_tokens": 50.0})
     row = step_metrics(results, info, version=5, window=window, ledger={"dropped_stale": 7, "requeued": 3}, restarts=1,
                        sync_s=0.5, parity=[1e-5, 3e-4], weight_loads=[0.2], learner_busy=0.9, rollout_busy=0.8,
                        wall=100.0, window_s=4.0)
@@ -60,7 +61,7 @@ def test_rl_step_metrics_use_the_scheme():
     # two groups of two samples (1 prompt + 2 response tokens) at k = 1 and k = 4
     assert row["batch/groups_k1"] == 1 and row["batch/groups_k4"] == 1 and "batch/groups_k2" not in row
     assert row["batch/loop_tokens"] == 2 * 3 * 1 + 2 * 3 * 4 and row["perf/learner_loop_tokens_per_s"] == 30 / 2.0
-    assert row["perf/gen_tokens_per_s"] == 12 / 4.0
+    assert row["perf/gen_tokens_per_s"] == 12 / 4.0 and row["perf/learner_sublayer_tokens_per_s"] == 50 / 2.0
     assert row["async/staleness_mean"] == 0.5 and row["async/staleness_max"] == 1 and row["async/policy_version"] == 5
     assert row["perf/learner_idle_ratio"] == pytest.approx(0.1) and row["perf/rollout_idle_ratio"] == pytest.approx(0.2)
     assert row["sync/parity_max_abs_diff"] == 3e-4 and row["faults/restarted_workers"] == 1

@@ -138,6 +138,9 @@ def test_per_rank_microbatches_add_up_to_the_whole_batch_loss(aggregation, share
     total = sum(len(s.ids) for s in samples)
     shared = sum(s.prompt_len * (n - 1) for s, n in [(samples[0], 3), (samples[3], 3), (samples[6], 3),
                                                       (samples[9], 2)])
+    depth_of_rows = sum((2 + k) * mb["input_ids"].shape[1] for r in lb.microbatches for mb, k in zip(r, lb.ks[0])
+                        if mb["loss_mask"].sum() > 0 or mb["input_ids"].shape[1] > 2)
+    assert lb.stats["batch/learner_sublayer_tokens"] == depth_of_rows  # each row's tokens x D_eff(k) = 2 + k
     if max_tokens is None:
         assert lb.stats["batch/learner_tokens"] == total - (shared if share else 0)
     else:  # a group cut in parts has its prompt once per part
