@@ -207,11 +207,11 @@ class TrainEngine:
         return loop_aux_loss(readouts, batch, self.cfg.loop_aux.weight, dense=self.cfg.loop_aux.dense)
 
     def _set_accumulation(self, steps: int) -> None:
-        """Make the next `steps` backward passes one optimizer step (DeepSpeed's gradient accumulation)."""
+        """DeepSpeed's gradient accumulation over `steps` backward passes: each pass's loss is divided by
+        it. (Where the optimizer steps is set per pass, `train_step`: DeepSpeed's own boundary counts
+        passes since the start modulo the accumulation, which goes wrong once the count changes.)"""
         if steps == self.engine.gradient_accumulation_steps():
             return
-        if self.engine.micro_steps % self.engine.gradient_accumulation_steps():
-            raise RuntimeError("the accumulation changed in the middle of an optimizer step")
         self.engine.set_train_batch_size(steps * self.engine.train_micro_batch_size_per_gpu() * self.engine.dp_world_size)
         if hasattr(self.optimizer, "gradient_accumulation_steps"):  # ZeRO-1/2/3 keep their own copy
             self.optimizer.gradient_accumulation_steps = steps
@@ -236,6 +236,7 @@ class TrainEngine:
         losses = []
         norm = None
         for i, (batch, k) in enumerate(zip(microbatches, ks)):
+            self.engine.set_gradient_accumulation_boundary(i == len(ks) - 1)  # all-reduce and step after the last
             batch = self.to_device(batch)
             if loss_fn is cross_entropy_loss and self.cfg.loop_aux.enabled:  # pretrain/SFT option, never RL
                 loss, logged = self.loop_aux_loss(batch, k)

@@ -39,14 +39,17 @@ def _samples(n: int, seed: int = 0) -> list[TrainSample]:
     return out
 
 
-def _step(cfg, samples, depth, max_tokens=None) -> tuple[dict[str, torch.Tensor], list[StepResult], list[float]]:
+def _step(cfg, samples, depth, budgets=(None,)) -> tuple[dict[str, torch.Tensor], list[StepResult], list[float]]:
+    """One learner step per entry of `budgets` (max_tokens of the rows) on the same samples: the last
+    step's weights and results, and the ranks' parameter checksums."""
     import ray
 
     group = LearnerGroup(cfg)
     try:
-        lb = learner_batches(samples, cfg.learner.world_size, depth, cfg.algo.aggregation, cfg.curriculum.loop_counts,
-                             max_tokens=max_tokens)
-        results = ray.get(group.train_step(lb.microbatches, lb.ks, lr=1e-2))
+        for max_tokens in budgets:
+            lb = learner_batches(samples, cfg.learner.world_size, depth, cfg.algo.aggregation,
+                                 cfg.curriculum.loop_counts, max_tokens=max_tokens)
+            results = ray.get(group.train_step(lb.microbatches, lb.ks, lr=1e-2))
         weights = load(ray.get(results[0].weights_ref[0]))  # rank 0 published the new weights
         checksums = ray.get([r.param_checksum.remote() for r in group.ranks])
     finally:
@@ -82,8 +85,8 @@ def test_two_ranks_make_the_same_update_as_one(toy_checkpoint, ray_cluster, tmp_
 def test_a_token_budget_splits_the_step_without_changing_the_update(toy_checkpoint, ray_cluster, tmp_path,
                                                                      zero_stage):
     """Rows of at most 30 tokens: groups cut in parts, more microbatches on one rank than the other (the
-    other runs empty rows), DeepSpeed accumulating over a count that changes from step to step; the
-    update is the one-row-per-k update of one rank."""
+    other runs empty rows); then a step of 45-token rows, so DeepSpeed accumulates over a count that
+    changes from step to step. Two steps land where one rank with one row per k lands."""
     from elr_rl.model import LoopedForCausalLM
 
     depth = LoopedForCausalLM.from_pretrained(toy_checkpoint).spec.effective_depth
@@ -92,10 +95,12 @@ def test_a_token_budget_splits_the_step_without_changing_the_update(toy_checkpoi
                make_config(toy_checkpoint, tmp_path / "cut", learner={"world_size": 2})]
     for cfg in configs:
         cfg.learner.engine.zero_stage = zero_stage
-    one, one_results, _ = _step(configs[0], samples, depth)
-    cut, results, checksums = _step(configs[1], samples, depth, max_tokens=30)
+    counts = [len(learner_batches(samples, 2, depth, "token", [1, 2, 3, 4], max_tokens=m).ks[0]) for m in (30, 45)]
+    assert counts[0] != counts[1] and counts[0] % counts[1] and counts[1] % counts[0]  # no lucky realignment
+    one, one_results, _ = _step(configs[0], samples, depth, budgets=(None, None))
+    cut, results, checksums = _step(configs[1], samples, depth, budgets=(30, 45))
     assert len(one_results[0].losses) == 4
-    assert all(len(r.losses) > 4 for r in results)  # more than one row per k
+    assert all(len(r.losses) == counts[1] > 4 for r in results)  # more than one row per k
     assert checksums[0] == pytest.approx(checksums[1], rel=0, abs=1e-9)
     assert results[0].grad_norm == pytest.approx(one_results[0].grad_norm, rel=1e-5)
     worst = max((one[n] - cut[n]).abs().max().item() for n in one)
