@@ -73,6 +73,13 @@ def test_kl_k3_is_zero_at_equality_and_positive_elsewhere():
 
 def test_entropy_uniform():
     assert grpo.entropy_from_logits(torch.zeros(2, 8)).allclose(torch.full((2,), math.log(8)))
+    # logged only (no autograd): computed a few positions at a time, same values, any shape
+    logits = torch.randn(2, 7, 11) * 3
+    whole = grpo.entropy_from_logits(logits.requires_grad_())
+    assert whole.requires_grad and whole.shape == (2, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(grpo.entropy_from_logits(logits, chunk=3), whole.detach())
+        assert grpo.entropy_from_logits(torch.zeros(0, 5, 11)).shape == (0, 5)
 
 
 def test_grpo_loss_on_policy_equals_minus_mean_advantage():
