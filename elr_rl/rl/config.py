@@ -162,9 +162,8 @@ class LearnerConfig:
     max_microbatch_tokens: int | None = 16384
     """Most tokens in one packed microbatch row: a step's samples at each loop count are cut into as many
     rows as this takes and their gradients accumulated (same gradient, less memory: the activations and
-    the [tokens, vocab] logits of one row at a time). A deeper k holds more activations per token. A
-    sample longer than this trains alone in a row of its own (`batch/over_budget_samples`); null: one
-    row per loop count."""
+    the [tokens, vocab] logits of one row at a time). A deeper k holds more activations per token. At
+    least max_seq_len, so every sample fits a row; null: one row per loop count."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each rank needs, to place the learner on chosen nodes."""
 

@@ -143,8 +143,8 @@ def entropy_from_logits(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor
     if torch.is_grad_enabled() and logits.requires_grad:
         return entropy(logits)
     flat = logits.reshape(-1, logits.shape[-1])
-    out = torch.cat([entropy(flat[i : i + chunk]) for i in range(0, flat.shape[0], chunk)]) if flat.shape[0] else (
-        flat.new_zeros(0, dtype=torch.float32))
+    parts = [entropy(flat[i : i + chunk]) for i in range(0, flat.shape[0], chunk)]
+    out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])
 
 
