@@ -48,7 +48,8 @@ def random_checkpoint(size: str, out: Path) -> Path:
 
 
 def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_init: bool = False,
-             dtype: str = "float32", share_prompts: bool = True, queued_steps: int = 1) -> dict:
+             dtype: str = "float32", share_prompts: bool = True, queued_steps: int = 1,
+             borrow_idle_cores: bool = False) -> dict:
     """One RL run: `sync`, `async` (loop counts 1-4 from the curriculum) or `async_k1` (k = 1 only)."""
     from elr_rl.rl.config import RLConfig
     from elr_rl.rl.driver import Driver
@@ -78,6 +79,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     cfg.rollout.dtype = dtype
     cfg.learner.engine.precision = "bf16" if dtype == "bfloat16" else "fp32"
     cfg.learner.share_prompts = share_prompts
+    cfg.learner.borrow_idle_cores = borrow_idle_cores
     cfg.validate()
     shutil.rmtree(out / name, ignore_errors=True)
     t0 = time.perf_counter()
@@ -93,6 +95,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     # on the rank itself (excludes the driver's queueing), and how many threads it kept busy
     compute = [r["timing_s/learner_compute"] for r in rows[1:] if "timing_s/learner_compute" in r]
     busy = [r["perf/learner_threads_busy"] for r in rows[1:] if "perf/learner_threads_busy" in r]
+    borrowed = [r.get("perf/learner_borrowed_cores", 0.0) for r in rows[1:]]
     wait = [r["timing_s/learner_wait"] for r in rows[1:] if r.get("timing_s/learner_wait") is not None]
     loop_tokens = sum(r.get("batch/loop_tokens", 0) for r in rows[1:])
     sublayer_tokens = sum(r.get("batch/learner_sublayer_tokens", 0) for r in rows[1:])
@@ -102,6 +105,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     return {"mode": name, "samples_per_s": samples / span if span else 0.0, "step_s": step_s, "learner_step_s": learn_s,
             "learner_compute_s": sum(compute) / len(compute) if compute else None,
             "learner_threads_busy": sum(busy) / len(busy) if busy else None,
+            "learner_borrowed_cores": sum(borrowed) / len(borrowed) if borrowed else None,
             "learner_wait_s": sum(wait) / len(wait) if wait else None,  # the rank idle between steps
             # the learner's speed on the work it got (steps at deeper k mixes carry more)
             "learner_loop_tokens_per_s": loop_tokens / sum(compute) if compute else None,
@@ -171,6 +175,9 @@ def main() -> None:
                         "every sample carries its own copy, as before)")
     p.add_argument("--queued-steps", type=int, default=1,
                    help="async_.queued_steps: learner steps submitted behind the running one (0: none, as before)")
+    p.add_argument("--borrow-idle-cores", action=argparse.BooleanOptionalAction, default=False,
+                   help="learner.borrow_idle_cores: the learner also runs on the rollout worker's core while that "
+                        "worker is idle (every mode)")
     args = p.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not {"sync", "async"} <= set(modes) or set(modes) - {"sync", "async", "async_k1"}:
@@ -199,7 +206,7 @@ def main() -> None:
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         res = {m: run_mode(m, ckpt, out, args.steps, args.workers, args.size != "toy", dtype, args.share_prompts,
-                           args.queued_steps) for m in modes}
+                           args.queued_steps, args.borrow_idle_cores) for m in modes}
     finally:
         ray.shutdown()
     # TRL's model is a plain transformer of the k = 1 size: compare it with our run at k = 1
@@ -209,9 +216,11 @@ def main() -> None:
     # sub tok/s: the tokens the rank ran x D_eff(k) per second (a speed that does not move with the k mix)
     # computed: the tokens the learner ran over the samples' own (prompt + response) tokens
     # wait s: the rank idle between the end of one step and the start of the next
-    print(f"learner.share_prompts={args.share_prompts} async_.queued_steps={args.queued_steps}")
+    # borrow: the rollout cores the rank ran on besides its own, mean over the step (--borrow-idle-cores)
+    print(f"learner.share_prompts={args.share_prompts} async_.queued_steps={args.queued_steps} "
+          f"learner.borrow_idle_cores={args.borrow_idle_cores}")
     print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'wait s':>7} {'busy':>6} "
-          f"{'loop tok/s':>10} {'sub tok/s':>9} {'sync s':>8} {'sync/learn':>10} {'computed':>9}")
+          f"{'loop tok/s':>10} {'sub tok/s':>9} {'sync s':>8} {'sync/learn':>10} {'computed':>9} {'borrow':>6}")
     nan = float("nan")
     for r in res.values():
         rank_s, busy = r["learner_compute_s"] or nan, r["learner_threads_busy"] or nan
@@ -220,7 +229,7 @@ def main() -> None:
               f"{rank_s:>8.2f} {wait:>7.2f} {busy:>6.2f} {r['learner_loop_tokens_per_s'] or nan:>10.0f} "
               f"{r['learner_sublayer_tokens_per_s'] or nan:>9.0f} "
               f"{r['weight_sync_s']:>8.3f} {r['sync_over_learner_step']:>10.1%} "
-              f"{r['learner_tokens_over_sample_tokens'] or nan:>9.1%}")
+              f"{r['learner_tokens_over_sample_tokens'] or nan:>9.1%} {r['learner_borrowed_cores'] or 0.0:>6.2f}")
     if trl.get("trl_samples_per_s"):
         print(f"{'trl':>8} {trl['trl_samples_per_s']:>10.2f} {trl['trl_step_s']:>8.2f} {'-':>8} {'-':>8} {'-':>10}")
         print(f"trl: GRPOTrainer {trl['trl_version']}, random-init Llama of the k = 1 size, completion tokens mean "

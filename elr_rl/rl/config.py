@@ -166,6 +166,11 @@ class LearnerConfig:
     least max_seq_len, so every sample fits a row; null: one row per loop count."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each rank needs, to place the learner on chosen nodes."""
+    borrow_idle_cores: bool = False
+    """A CPU learner (one rank, pinned) also runs on its node's rollout-worker cores while those workers
+    have no engine call, and gives them back at the next sublayer once they do (elr_rl/rl/cores.py).
+    Faster steps on a small CPU node; off by default because the learner's thread count, and so its
+    float summation order, then depends on timing (runs are no longer bitwise repeatable)."""
 
     def validate(self) -> None:
         if self.world_size < 1:
@@ -173,6 +178,10 @@ class LearnerConfig:
         if self.max_microbatch_tokens is not None and self.max_microbatch_tokens < self.max_seq_len:
             _fail("learner.max_microbatch_tokens", f"{self.max_microbatch_tokens} is below learner.max_seq_len="
                   f"{self.max_seq_len}", "raise it to at least max_seq_len (or null: one row per loop count)")
+        if self.borrow_idle_cores and (self.world_size > 1 or self.num_gpus_per_rank > 0):
+            _fail("learner.borrow_idle_cores", f"world_size={self.world_size}, num_gpus_per_rank="
+                  f"{self.num_gpus_per_rank}", "lending is for one CPU learner rank: set it false, or use "
+                  "world_size 1 and num_gpus_per_rank 0")
         if self.engine.zero_stage == 3 and self.world_size > 1:
             # Each rank trains its own loop counts' microbatches; ZeRO-3's per-layer parameter
             # gathers then disagree between ranks and deadlock.

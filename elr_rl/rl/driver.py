@@ -354,6 +354,12 @@ class Driver:
             self.metrics.close()
         if hasattr(self, "curriculum"):
             ray.kill(self.curriculum)
+        if self.cfg.learner.borrow_idle_cores:  # what a killed worker left on this node
+            import shutil
+
+            from elr_rl.rl.cores import run_lend_dir
+
+            shutil.rmtree(run_lend_dir(self.cfg.run.output_dir), ignore_errors=True)
 
 
 def _progress(enabled: bool, start: int, total: int):

@@ -41,7 +41,7 @@ class RolloutFleet:
     def _new_worker(self, i: int):
         import ray
 
-        from elr_rl.rl.cores import CORE_OFFSET_ENV, layout_offsets
+        from elr_rl.rl.cores import CORE_OFFSET_ENV, layout_offsets, lend_env
         from elr_rl.rl.ray_env import actor_runtime_env
         from elr_rl.rl.rollout_worker import MAX_CONCURRENCY, RolloutWorker
 
@@ -51,7 +51,7 @@ class RolloutFleet:
         # Threads and cores follow the worker's Ray CPUs (RolloutWorker applies them); its slot comes after the learner's.
         offset = layout_offsets(lc.world_size, lc.num_cpus_per_rank, c.num_workers, c.num_cpus_per_worker)["rollout"][i]
         env = {"OMP_NUM_THREADS": str(max(1, int(c.num_cpus_per_worker))), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               CORE_OFFSET_ENV: str(offset)}
+               CORE_OFFSET_ENV: str(offset), **lend_env(lc.borrow_idle_cores, self.cfg.run.output_dir)}
         handle = actor.options(runtime_env=actor_runtime_env(env), resources=dict(c.resources) or None).remote(
             i, self.weights_from, c, self.cfg.run.seed, self.version)
         ray.get(handle.ping.remote())

@@ -7,6 +7,7 @@ trained at the k that produced it and all depths are averaged in the same step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -130,9 +131,20 @@ class LearnerRank:
         if c.algo.kl_coef > 0:
             self.ref_model = LoopedForCausalLM.from_pretrained(c.model_path).eval().requires_grad_(False)
         self.engine = TrainEngine(model.config, train_cfg, self.rank, self.world_size, model=model)
+        self.borrower = self._borrow_idle_cores(model)
         if resume_dir is not None:
             return self.engine.load(resume_dir)
         return None
+
+    def _borrow_idle_cores(self, model: torch.nn.Module):
+        """learner.borrow_idle_cores: check for lent rollout cores before every sublayer, forward and backward."""
+        from elr_rl.model.layers import NgptSublayer, PrenormSublayer
+        from elr_rl.rl.cores import borrower_for
+
+        borrower = borrower_for(self.cores)
+        if borrower is not None:
+            borrower.install(model, (PrenormSublayer, NgptSublayer))
+        return borrower
 
     def train_step(self, microbatches: list[dict], ks: list[int], lr: float,
                    parity: tuple[list[list[int]], int] | None = None) -> StepResult:
@@ -142,23 +154,26 @@ class LearnerRank:
         n_updates = self.cfg.algo.updates_per_batch
         wall0, cpu0 = time.perf_counter(), time.process_time()
         wait_s = wall0 - self._ended if self._ended is not None else None
-        if n_updates > 1:
-            with torch.no_grad():
-                self.engine.engine.eval()
-                for mb in microbatches:
-                    batch = self.engine.to_device(mb)
-                    mb["old_logp"] = grpo.token_logprobs(self.engine.forward(batch, mb["k"]), batch["input_ids"],
-                                                         batch.get("pred_index"))
-        stats: list[dict[str, float]] = []
-        losses: list[float] = []
-        grad_norm = float("nan")
-        for update in range(n_updates):
-            start = len(stats)
-            out = self.engine.train_step(microbatches, ks, lr, loss_fn=make_loss_fn(self.cfg, self.ref_model, stats))
-            losses, grad_norm = out["losses"], out["grad_norm"]
-            for s in stats[start:]:
-                s["update"] = float(update)
+        borrow = self.borrower.borrowing() if self.borrower is not None else contextlib.nullcontext()
+        with borrow:  # learner.borrow_idle_cores: lent cores only while computing, back after it
+            if n_updates > 1:
+                with torch.no_grad():
+                    self.engine.engine.eval()
+                    for mb in microbatches:
+                        batch = self.engine.to_device(mb)
+                        mb["old_logp"] = grpo.token_logprobs(self.engine.forward(batch, mb["k"]), batch["input_ids"],
+                                                             batch.get("pred_index"))
+            stats: list[dict[str, float]] = []
+            losses: list[float] = []
+            grad_norm = float("nan")
+            for update in range(n_updates):
+                start = len(stats)
+                out = self.engine.train_step(microbatches, ks, lr, loss_fn=make_loss_fn(self.cfg, self.ref_model, stats))
+                losses, grad_norm = out["losses"], out["grad_norm"]
+                for s in stats[start:]:
+                    s["update"] = float(update)
         compute_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
+        borrowed_s = self.borrower.take_stats() if self.borrower is not None else 0.0
         # The new weights go into the object store at once (no extra call from the driver): rank 0
         # returns a ref to them, and the seconds spent, which count as weight-sync time.
         import ray
@@ -170,7 +185,7 @@ class LearnerRank:
         scored = self.logprobs(*parity) if parity is not None and self.rank == 0 else None
         self._ended = time.perf_counter()
         return StepResult(losses, grad_norm, stats, serialize_s, ref, compute_s=compute_s, cpu_s=cpu_s,
-                          parity_logprobs=scored, wait_s=wait_s)
+                          parity_logprobs=scored, wait_s=wait_s, borrowed_core_s=borrowed_s)
 
     def weights(self) -> bytes:
         """The full state dict as safetensors bytes (what rollout workers load): fp32, or bf16 when the
@@ -221,7 +236,7 @@ class LearnerGroup:
     def __init__(self, cfg: RLConfig, resume_dir: str | None = None) -> None:
         import ray
 
-        from elr_rl.rl.cores import CORE_OFFSET_ENV, layout_offsets
+        from elr_rl.rl.cores import CORE_OFFSET_ENV, layout_offsets, lend_env
         from elr_rl.rl.ray_env import actor_runtime_env
 
         n = cfg.learner.world_size
@@ -234,7 +249,8 @@ class LearnerGroup:
         self.ranks = [
             actor_cls.options(runtime_env=actor_runtime_env(
                 {"DS_ACCELERATOR": "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu",
-                 "OMP_NUM_THREADS": threads, CORE_OFFSET_ENV: str(offsets[r])}),
+                 "OMP_NUM_THREADS": threads, CORE_OFFSET_ENV: str(offsets[r]),
+                 **lend_env(cfg.learner.borrow_idle_cores, cfg.run.output_dir)}),
                 resources=dict(cfg.learner.resources) or None).remote(r, n, cfg)
             for r in range(n)
         ]

@@ -97,3 +97,4 @@ class StepResult:
     cpu_s: float = 0.0  # CPU seconds of the rank's process over the same span (all its threads)
     parity_logprobs: list[list[float]] | None = None  # rank 0: the step's parity sequences scored by the new weights
     wait_s: float | None = None  # seconds the rank sat idle between its previous step's end and this one (None: first)
+    borrowed_core_s: float = 0.0  # core-seconds the rank ran on idle rollout cores it borrowed (learner.borrow_idle_cores)

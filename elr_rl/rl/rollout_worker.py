@@ -68,11 +68,13 @@ def _alive(pid: int) -> bool:
 
 class RolloutWorker:
     def __init__(self, worker_id: int, model_path: str, cfg: RolloutConfig, seed: int, version: int = 0) -> None:
-        from elr_rl.rl.cores import actor_core_budget
+        from elr_rl.rl.cores import LendingLock, actor_core_budget, lender_for
         from elr_rl.rollout.engine import EngineOptions, RolloutEngine
 
         self.worker_id, self.cfg, self.version = worker_id, cfg, version
         self.cores = actor_core_budget()  # threads and cores from this actor's Ray CPUs (the engine inherits them)
+        # learner.borrow_idle_cores: the worker's cores are lent while it has no engine call (busy until started)
+        self._lender = lender_for(self.cores, holders=1)
         self.codec = TextCodec.load(model_path, cfg.chat)
         options = EngineOptions(device=cfg.device, max_model_len=cfg.max_model_len,
                                 max_num_seqs=max(8, cfg.group_size * cfg.prompts_per_request),
@@ -88,11 +90,13 @@ class RolloutWorker:
             log.warning("removed %d weights file(s) of rollout workers killed while loading them, e.g. %s",
                         len(stale), stale[0])
         self.busy_s = 0.0
-        self._engine_lock = threading.Lock()  # one engine call at a time
+        self._engine_lock = LendingLock(self._lender)  # one engine call at a time
         self._pending: tuple[bytes, int] | None = None  # staged weights and their policy version
         self._pending_lock = threading.Lock()
         self._load_s = 0.0  # seconds spent loading weights since the last generate reply
         self._episode_pool = None  # a ScoringPool for multi-turn episodes, started when the first one comes
+        if self._lender is not None:
+            self._lender.__exit__(None, None, None)  # started: lend the cores until the first engine call
 
     # ------------------------------------------------------------------ control
     def ping(self) -> int:
@@ -202,6 +206,8 @@ class RolloutWorker:
             self.weights_path.unlink(missing_ok=True)
             if self._episode_pool is not None:
                 self._episode_pool.close()
+            if self._lender is not None:
+                self._lender.close()
         finally:
             if got:
                 self._engine_lock.release()

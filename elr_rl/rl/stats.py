@@ -127,6 +127,8 @@ def step_metrics(results: list[StepResult], info: BatchInfo, *, version: int, wi
         # the ranks' idle time since their previous step (waiting on generation, or on the driver)
         "timing_s/learner_wait": max((r.wait_s for r in results if r.wait_s is not None), default=None),
         "perf/learner_threads_busy": slowest.cpu_s / compute_s if compute_s else None,
+        # learner.borrow_idle_cores: the rollout cores the slowest rank ran on besides its own, on average
+        "perf/learner_borrowed_cores": slowest.borrowed_core_s / compute_s if compute_s else None,
         "perf/weight_sync_frac": min(1.0, sync_s / window_s) if window_s else None,
         "perf/learner_idle_ratio": max(0.0, 1.0 - learner_busy),
         "perf/rollout_idle_ratio": max(0.0, 1.0 - rollout_busy), "perf/trained_tokens": tokens,

@@ -45,3 +45,75 @@ def test_applied_budget_ignores_the_callers_omp_num_threads(caller_threads):
     threads, cpus, omp = json.loads(out.stdout.strip().splitlines()[-1])
     assert (threads, omp) == (1, "1")
     assert cpus == [sorted(visible_cores())[1]]
+
+
+def test_a_lender_marks_its_cores_free_only_while_nobody_holds_them(tmp_path):
+    from elr_rl.rl.cores import CoreLender, LendingLock
+
+    lender = CoreLender(tmp_path / "lend", [3, 5], holders=1)  # starting up: busy
+    assert sorted(os.listdir(tmp_path / "lend")) == []
+    lender.__exit__(None, None, None)
+    assert sorted(os.listdir(tmp_path / "lend")) == ["3", "5"]
+    lock = LendingLock(lender)
+    with lock:
+        assert os.listdir(tmp_path / "lend") == []
+        with lender:  # a second holder (nested work) keeps them busy after the first lets go
+            pass
+        assert os.listdir(tmp_path / "lend") == []
+    assert sorted(os.listdir(tmp_path / "lend")) == ["3", "5"]
+    assert lock.acquire(blocking=False) and not lock.acquire(blocking=False)  # still a plain mutex
+    lock.release()
+    lender.close()
+    assert not (tmp_path / "lend").exists()  # the last lender removes the run's directory
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(visible_cores()) < 2, reason="needs 2 cores")
+def test_a_borrower_widens_onto_free_cores_and_narrows_when_they_are_taken(tmp_path):
+    """In a child process (affinity is per process): inside `borrowing()`, threads and affinity follow the
+    lent cores, forward and backward through the hooked modules; outside it (between steps) the own core."""
+    own, lent = sorted(visible_cores())[:2]
+    code = f"""
+import json, os, torch
+from pathlib import Path
+from elr_rl.rl.cores import CoreBorrower, CoreLender, apply_core_budget
+apply_core_budget(1.0, {own})
+d = Path({str(tmp_path / 'lend')!r})
+lender = CoreLender(d, [{lent}], holders=1)
+b = CoreBorrower(d, ({own},))
+lender.__exit__(None, None, None)
+b.adjust()
+outside = (torch.get_num_threads(), sorted(os.sched_getaffinity(0)))  # not borrowing: stays on its own core
+with lender:
+    pass
+seen = []
+class Probe(torch.nn.Linear):
+    pass
+net = torch.nn.Sequential(Probe(4, 4), torch.nn.Tanh(), Probe(4, 4))
+b.install(net, (Probe,))
+def record(_m, _args):
+    seen.append((torch.get_num_threads(), sorted(os.sched_getaffinity(0))))
+for m in net:
+    if isinstance(m, Probe):
+        m.register_forward_pre_hook(record)
+with b.borrowing():
+    with lender:
+        net(torch.randn(2, 4, requires_grad=True)).sum().backward()  # busy: own core only
+    y = net(torch.randn(2, 4, requires_grad=True)).sum()  # free: widened at the first sublayer
+    with lender:
+        y.backward()  # taken back before the backward pass: the gradient hook narrows again
+        after_backward = (torch.get_num_threads(), sorted(os.sched_getaffinity(0)))
+    net(torch.randn(2, 4))
+    before_give_back = (torch.get_num_threads(), sorted(os.sched_getaffinity(0)))
+print(json.dumps([outside, seen, after_backward, before_give_back,
+                  (torch.get_num_threads(), sorted(os.sched_getaffinity(0))), b.take_stats()]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    outside, seen, after_backward, before_give_back, given_back, borrowed_s = json.loads(
+        out.stdout.strip().splitlines()[-1])
+    assert outside == [1, [own]]
+    assert seen[:2] == [[1, [own]], [1, [own]]]
+    assert seen[2:4] == [[2, sorted([own, lent])], [2, sorted([own, lent])]]
+    assert after_backward == [1, [own]]
+    assert before_give_back == [2, sorted([own, lent])]
+    assert given_back == [1, [own]]
+    assert borrowed_s > 0

@@ -105,3 +105,39 @@ def test_a_token_budget_splits_the_step_without_changing_the_update(toy_checkpoi
     assert results[0].grad_norm == pytest.approx(one_results[0].grad_norm, rel=1e-5)
     worst = max((one[n] - cut[n]).abs().max().item() for n in one)
     assert worst < 5e-5, f"the update with 30-token rows differs from one row per k by {worst}"
+
+
+def test_the_learner_runs_on_a_lent_core_only_while_it_is_free(toy_checkpoint, ray_cluster, tmp_path):
+    """learner.borrow_idle_cores on a real rank: with a core lent on its node (what an idle rollout worker
+    marks) the step runs on it too and makes the same update; while the lender holds the core, it does not."""
+    import ray
+
+    from elr_rl.model import LoopedForCausalLM
+    from elr_rl.rl.cores import CoreLender, run_lend_dir, visible_cores
+
+    cores = visible_cores()
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    depth = LoopedForCausalLM.from_pretrained(toy_checkpoint).spec.effective_depth
+    samples = _samples(13)
+    own, own_results, _ = _step(make_config(toy_checkpoint, tmp_path / "own"), samples, depth)
+    assert own_results[0].borrowed_core_s == 0.0  # lending off: nothing borrowed
+    cfg = make_config(toy_checkpoint, tmp_path / "lent", learner={"borrow_idle_cores": True})
+    lb = learner_batches(samples, 1, depth, cfg.algo.aggregation, cfg.curriculum.loop_counts)
+    # the rank is pinned to the first core (layout offset 0); the test lends the second, as a worker would
+    lender = CoreLender(run_lend_dir(cfg.run.output_dir), [cores[1]])
+    group = LearnerGroup(cfg)
+    try:
+        (lent,) = ray.get(group.train_step(lb.microbatches, lb.ks, lr=1e-2))
+        weights = load(ray.get(lent.weights_ref[0]))
+        with lender:  # the core's owner is working: the next step stays on the rank's own core
+            (held,) = ray.get(group.train_step(lb.microbatches, lb.ks, lr=1e-2))
+    finally:
+        group.shutdown()
+        lender.close()
+    print(f"borrowed {lent.borrowed_core_s:.3f} core-s of a {lent.compute_s:.3f} s step; then {held.borrowed_core_s}")
+    assert lent.borrowed_core_s > 0.5 * lent.compute_s
+    assert held.borrowed_core_s == 0.0
+    assert lent.grad_norm == pytest.approx(own_results[0].grad_norm, rel=1e-5)
+    worst = max((own[n] - weights[n]).abs().max().item() for n in own)
+    assert worst < 5e-5, f"the update on two threads differs from one thread by {worst}"

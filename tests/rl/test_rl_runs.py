@@ -92,11 +92,14 @@ def test_staleness_zero_gives_unit_ratios_on_the_first_update(toy_checkpoint, ra
 def test_queued_learner_steps_keep_staleness_parity_and_checkpoints(toy_checkpoint, ray_cluster, tmp_path):
     """A learner-bound run (several updates per batch, short completions): the next step is submitted
     while one runs (async_.queued_steps), yet nothing older than max_staleness is trained, the parity
-    check compares the version both sides hold, and a checkpoint step is never overtaken."""
+    check compares the version both sides hold, and a checkpoint step is never overtaken. The learner
+    borrows the rollout worker's core while the worker is idle (learner.borrow_idle_cores)."""
+    from elr_rl.rl.cores import run_lend_dir, visible_cores
+
     run = tmp_path / "run"
     steps = 8
     cfg = make_config(toy_checkpoint, run, run={"total_steps": steps, "save_interval": 4},
-                      async_={"max_staleness": 1, "queued_steps": 1},
+                      async_={"max_staleness": 1, "queued_steps": 1}, learner={"borrow_idle_cores": True},
                       algo={"groups_per_step": 4, "updates_per_batch": 8}, rollout={"max_new_tokens": 8})
     summary = Driver(cfg).run()
     assert summary["step"] == steps and accounted(summary)
@@ -111,6 +114,11 @@ def test_queued_learner_steps_keep_staleness_parity_and_checkpoints(toy_checkpoi
     # a queued step started as soon as the previous one ended on the rank
     assert min(x["timing_s/learner_wait"] for x in r if x["step"] in queued) < 0.1
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_0000004", "step_0000008"]
+    borrowed = [x["perf/learner_borrowed_cores"] for x in r]
+    print("borrowed cores", [round(b, 2) for b in borrowed])
+    if len(visible_cores()) >= 2:  # learner and worker pinned apart: the idle worker's core was lent
+        assert max(borrowed) > 0.1 and all(b <= 1.0 for b in borrowed)
+    assert not run_lend_dir(cfg.run.output_dir).exists()  # the run's lending marks are gone
 
 
 def test_a_killed_rollout_worker_is_restarted_and_nothing_is_lost(toy_checkpoint, ray_cluster, tmp_path):
