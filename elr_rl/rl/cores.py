@@ -117,8 +117,8 @@ def lend_env(borrow: bool, output_dir: str) -> dict[str, str]:
 class CoreLender:
     """An actor's pinned cores, marked free to borrow while it is idle: a file per core, present while idle.
 
-    `acquire` / `release` wrap the actor's work (a lock-like object: the worker's engine lock); nested
-    or concurrent holders count, so the cores are marked free only when the last one releases.
+    `with lender:` wraps the actor's work (the worker's engine lock does it: `LendingLock`); nested or
+    concurrent holders count, so the cores are marked free only when the last one lets go.
     """
 
     def __init__(self, directory: Path, cpus: Sequence[int], holders: int = 0) -> None:
@@ -199,6 +199,7 @@ class CoreBorrower:
         self.borrowed_core_s = 0.0  # core-seconds run on borrowed cores (`take_stats`)
         self._since = time.perf_counter()
         self._lending = False  # only inside `borrowing()`
+        self._refused: set[int] = set()  # lent cores outside this process's cpuset (the kernel said no)
 
     def free(self) -> tuple[int, ...]:
         """The cores this run's actors on this node lend right now (the directory is the run's, on this node)."""
@@ -208,7 +209,8 @@ class CoreBorrower:
             names = os.listdir(self.directory)
         except FileNotFoundError:  # the run is ending
             return ()
-        return tuple(sorted(int(n) for n in names if n.isdigit() and int(n) not in self.own))
+        return tuple(sorted(int(n) for n in names
+                            if n.isdigit() and int(n) not in self.own and int(n) not in self._refused))
 
     def adjust(self) -> tuple[int, ...]:
         free = self.free()
@@ -218,7 +220,15 @@ class CoreBorrower:
             now = time.perf_counter()
             self.borrowed_core_s += len(self.borrowed) * (now - self._since)
             self._since = now
-            os.sched_setaffinity(0, self.own + free)  # this thread; OpenMP threads it starts inherit it
+            try:
+                os.sched_setaffinity(0, self.own + free)  # this thread; OpenMP threads it starts inherit it
+            except OSError:
+                os.sched_setaffinity(0, self.own)
+            # a core this process may not run on (another cpuset, no such core) is dropped by the kernel
+            # or refused: never ask for it again, and never run more threads than cores
+            allowed = os.sched_getaffinity(0)
+            self._refused.update(c for c in free if c not in allowed)
+            free = tuple(c for c in free if c in allowed)
             torch.set_num_threads(len(self.own) + len(free))
             self.borrowed = free
         return free

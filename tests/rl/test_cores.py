@@ -117,3 +117,26 @@ print(json.dumps([outside, seen, after_backward, before_give_back,
     assert before_give_back == [2, sorted([own, lent])]
     assert given_back == [1, [own]]
     assert borrowed_s > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
+def test_a_borrower_ignores_a_lent_core_it_may_not_run_on(tmp_path):
+    """A mark for a core outside this process's cpuset (a stray file, another container's layout) is not an
+    error: the learner stays on its own core and never asks for that core again."""
+    own = sorted(visible_cores())[0]
+    code = f"""
+import json, os, torch
+from pathlib import Path
+from elr_rl.rl.cores import CoreBorrower, apply_core_budget
+apply_core_budget(1.0, {own})
+d = Path({str(tmp_path / 'lend')!r}); d.mkdir()
+(d / "100000").touch()  # no such core
+b = CoreBorrower(d, ({own},))
+with b.borrowing():
+    first = b.adjust()
+    second = b.free()
+print(json.dumps([first, second, torch.get_num_threads(), sorted(os.sched_getaffinity(0))]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first, second, threads, cpus = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (first, second, threads, cpus) == ([], [], 1, [own])
