@@ -19,6 +19,7 @@ def ckpt(tmp_path):
     ("async_.mode=eventually", "async_.mode"),
     ("curriculum.alpha=1.5", "curriculum.alpha"),
     ("learner.max_microbatch_tokens=256", "learner.max_microbatch_tokens"),  # below max_seq_len (512)
+    ("learner.borrow_idle_cores=true", "learner.borrow_idle_cores"),  # one CPU rank only (here: 2)
 ])
 def test_bad_values_name_the_field(ckpt, override, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
