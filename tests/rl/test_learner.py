@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
+from elr_rl.rl.cores import visible_cores
 from elr_rl.rl.learner import LearnerGroup
 from elr_rl.rl.messages import StepResult
 from elr_rl.rl.samples import TrainSample, learner_batches
@@ -107,17 +108,16 @@ def test_a_token_budget_splits_the_step_without_changing_the_update(toy_checkpoi
     assert worst < 5e-5, f"the update with 30-token rows differs from one row per k by {worst}"
 
 
+@pytest.mark.skipif(len(visible_cores()) < 2, reason="the rank and the lent core need 2 cores")
 def test_the_learner_runs_on_a_lent_core_only_while_it_is_free(toy_checkpoint, ray_cluster, tmp_path):
     """learner.borrow_idle_cores on a real rank: with a core lent on its node (what an idle rollout worker
     marks) the step runs on it too and makes the same update; while the lender holds the core, it does not."""
     import ray
 
     from elr_rl.model import LoopedForCausalLM
-    from elr_rl.rl.cores import CoreLender, run_lend_dir, visible_cores
+    from elr_rl.rl.cores import CoreLender, run_lend_dir
 
     cores = visible_cores()
-    if len(cores) < 2:
-        pytest.skip("needs 2 cores")
     depth = LoopedForCausalLM.from_pretrained(toy_checkpoint).spec.effective_depth
     samples = _samples(13)
     own, own_results, _ = _step(make_config(toy_checkpoint, tmp_path / "own"), samples, depth)
