@@ -17,6 +17,12 @@ import torch.nn.functional as F
 
 from elr_rl.model.config import KV_CACHE_MODES
 
+# scaled_dot_product_attention(enable_gqa=...) exists from torch 2.5. Used on the CPU only: in a one-off
+# profile of a 47M bf16 learner step (1 thread) attention and its K/V gradient sums went from 365 to
+# 240 ms, with the same outputs; on CUDA it would move a masked call off the memory-efficient kernel, so
+# K/V are repeated there as before.
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
             teacher_forced: bool = False) -> torch.Tensor:
@@ -29,13 +35,16 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     """
     H, KV = q.shape[-2], k.shape[-2]
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, hd]
-    if KV != H:
+    gqa = {}
+    if KV != H and qh.device.type == "cpu" and _SDPA_GQA:
+        gqa = {"enable_gqa": True}  # CPU: the kernel shares K/V among query heads (no copies, no summed grads)
+    elif KV != H:
         kh = kh.repeat_interleave(H // KV, dim=1)
         vh = vh.repeat_interleave(H // KV, dim=1)
     if teacher_forced and qh.device.type == "cpu" and qh.dtype in (torch.bfloat16, torch.float16):
-        out = F.scaled_dot_product_attention(qh.float(), kh.float(), vh.float(), attn_mask=allowed.unsqueeze(1))
+        out = F.scaled_dot_product_attention(qh.float(), kh.float(), vh.float(), attn_mask=allowed.unsqueeze(1), **gqa)
         return out.to(q.dtype).transpose(1, 2)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed.unsqueeze(1))
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed.unsqueeze(1), **gqa)
     return out.transpose(1, 2)  # [B, Tq, H, hd]
 
 
