@@ -103,7 +103,9 @@ def test_a_token_budget_splits_the_step_without_changing_the_update(toy_checkpoi
     assert len(one_results[0].losses) == 4
     assert all(len(r.losses) == counts[1] > 4 for r in results)  # more than one row per k
     assert checksums[0] == pytest.approx(checksums[1], rel=0, abs=1e-9)
-    assert results[0].grad_norm == pytest.approx(one_results[0].grad_norm, rel=1e-5)
+    # fp32 sums in another order (rows cut, two ranks averaged): 1.3e-5 relative was seen on one toy
+    # checkpoint; a lost or double-counted microbatch moves the norm by percents
+    assert results[0].grad_norm == pytest.approx(one_results[0].grad_norm, rel=5e-5)
     worst = max((one[n] - cut[n]).abs().max().item() for n in one)
     assert worst < 5e-5, f"the update with 30-token rows differs from one row per k by {worst}"
 
