@@ -158,7 +158,7 @@ class TrainEngine:
         # ZeRO-0 in fp32 hands the torch optimizer over as is; DeepSpeed then reports no grad norm.
         self._plain_optimizer = self.zero_stage == 0 and self.dtype == torch.float32
         # One data-parallel rank: nothing to average. DeepSpeed's ZeRO-0 all-reduce would still flatten
-        # every gradient into one buffer, "reduce" it over the one rank and copy it back (8% of a 47M bf16
+        # every gradient into one buffer, "reduce" it over the one rank and copy it back (7% of a 47M bf16
         # learner step on one CPU core). ZeRO-1/2/3 move gradients into their partitions in that call, so
         # they keep it.
         if self.zero_stage == 0 and self.engine.dp_world_size == 1:
