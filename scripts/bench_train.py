@@ -1,7 +1,7 @@
 """Benchmark tiny pretraining: tokens/s at k = 1 vs mixed depth, and model FLOP utilisation (MFU).
 
     .venv/bin/python scripts/bench_train.py [--steps 30] [--size tiny|small|d512|d1024] [--threads 2]
-        [--precisions fp32,bf16] [--micro-batch N] [--optim default|foreach|fused]
+        [--precisions fp32,bf16] [--micro-batch N] [--optim default|loop|foreach|fused]
 
 For each precision (fp32, bf16) it trains the same model twice on one rank:
 at a fixed k = 1, and under mixed depth (k ~ U{1..K}, f forced to k = 1), the
@@ -38,8 +38,10 @@ SIZES = {
     "d1024": {"hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16, "num_key_value_heads": 4,
               "n_recurrent_layers": 2},
 }
-# torch AdamW's implementation: "default" is what DeepSpeed builds (on CPU torch picks the per-tensor loop)
-OPTIMS = {"default": {}, "foreach": {"foreach": True, "fused": None}, "fused": {"foreach": None, "fused": True}}
+# torch AdamW's implementation: "default" is what the config asks (optim.fused, on by default); "loop" is
+# torch's per-tensor loop (what DeepSpeed builds on a CPU without optim.fused)
+OPTIMS = {"default": {}, "loop": {"foreach": False, "fused": None}, "foreach": {"foreach": True, "fused": None},
+          "fused": {"foreach": None, "fused": True}}
 
 
 def train_flops_per_token(model, k: float, seq_len: int) -> float:
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
     ap.add_argument("--micro-batch", type=int, default=None, help="engine.micro_batch_size (config: 8)")
     ap.add_argument("--optim", choices=sorted(OPTIMS), default="default",
-                    help="torch AdamW implementation (default: what DeepSpeed builds)")
+                    help="torch AdamW implementation (default: the config's optim.fused, i.e. fused)")
     ap.add_argument("--json", type=str, default=None, help="also write the results here")
     args = ap.parse_args(argv)
     os.environ.setdefault("MASTER_PORT", "29731")

@@ -70,6 +70,9 @@ class OptimConfig:
     """Decoupled weight decay (nGPT models normally use 0: their weights are re-normalised)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping."""
+    fused: bool = True
+    """torch's fused AdamW kernel: one pass over each tensor's weights, gradients and moments (CPU and CUDA;
+    about 4x faster than its per-tensor loop on a CPU core). False: the per-tensor loop."""
 
     def validate(self) -> None:
         if not self.lr > 0:

@@ -78,7 +78,7 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
     e, o = cfg.engine, cfg.optim
     # torch's AdamW on both devices: DeepSpeed's FusedAdam would need a JIT-compiled CUDA op.
     adam: dict[str, Any] = {"lr": o.lr, "betas": [o.beta1, o.beta2], "eps": o.eps, "weight_decay": o.weight_decay,
-                            "torch_adam": True}
+                            "torch_adam": True, "fused": o.fused}
     return {
         "train_micro_batch_size_per_gpu": e.micro_batch_size,
         "gradient_accumulation_steps": e.grad_accum_steps,
