@@ -192,12 +192,8 @@ class LearnerRank:
         workers run bf16 (they round to it on load anyway; half the bytes to serialise, ship and stage)."""
         from safetensors.torch import save
 
-        state = self.engine.full_state_dict()
-        if self.rank != 0:
-            return b""
-        if self.cfg.rollout.dtype == "bfloat16":
-            state = {name: t.to(torch.bfloat16) for name, t in state.items()}
-        return save(state)
+        state = self.engine.state_dict_in(torch.bfloat16 if self.cfg.rollout.dtype == "bfloat16" else torch.float32)
+        return save(state) if self.rank == 0 else b""
 
     def param_checksum(self) -> float:
         """Sum of squares of this rank's full weights (data-parallel ranks must agree; all ranks call)."""

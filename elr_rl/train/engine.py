@@ -334,6 +334,16 @@ class TrainEngine:
             return {n: (m if m is not None else p.data).detach().float().cpu().clone()
                     for n, p, m in zip(names, params, masters)}
 
+    def state_dict_in(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The whole model's weights in `dtype` on CPU, for serving (every rank calls; every rank gets it).
+
+        Where the module's own weights already are `dtype` and whole (ZeRO 0-2), they are the fp32
+        masters rounded to it (DeepSpeed copies each updated master into its module weight), so they
+        are returned as they are, without the fp32 copy and the cast (shared: do not modify them)."""
+        if self.zero_stage != 3 and self.dtype == dtype:
+            return {n: p.detach().cpu() for n, p in self.model.named_parameters()}
+        return {n: t.to(dtype) for n, t in self.full_state_dict().items()}
+
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path, client_state: dict, tokenizer: Any = None) -> None:
         """HF-layout weights (config.json, model.safetensors, tokenizer) + DeepSpeed optimizer state.

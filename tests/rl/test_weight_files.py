@@ -54,7 +54,8 @@ def test_published_weights_are_in_the_workers_dtype(rollout_dtype):
     rank = LearnerRank.__new__(LearnerRank)  # only `weights` is under test: no Ray actor, no DeepSpeed
     rank.rank, rank.cfg = 0, RLConfig()
     rank.cfg.rollout.dtype = rollout_dtype
-    rank.engine = SimpleNamespace(full_state_dict=lambda: {n: t.clone() for n, t in master.items()})
+    # the engine's serving copy: the masters rounded to the asked dtype (tests/train: bitwise so on real ranks)
+    rank.engine = SimpleNamespace(state_dict_in=lambda dtype: {n: t.to(dtype) for n, t in master.items()})
     got = load(rank.weights())
     want = torch.bfloat16 if rollout_dtype == "bfloat16" else torch.float32
     assert set(got) == set(master) and all(t.dtype == want for t in got.values())

@@ -309,3 +309,65 @@ def test_optim_fused_reaches_torch_adamw_and_makes_the_same_update(precision, st
     assert all(res["flag_True"]) and not any(res["flag_False"]), res
     assert res["moved"] > 1e-4, res  # every tensor took the update
     assert res["diff"] < 1e-5, res  # fp32 masters: the kernels agree to rounding
+
+
+SERVE_PROBE = """
+import json, sys
+import torch
+from elr_rl.model import ElrConfig
+from elr_rl.train.config import EngineConfig, OptimConfig, TrainConfig, TrainRunConfig
+from elr_rl.train.engine import TrainEngine, release_process_groups
+
+precision, stage = sys.argv[1], int(sys.argv[2])
+cfg = ElrConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+                n_input_layers=1, n_recurrent_layers=1, n_output_layers=1, max_loops=3, num_loops=3)
+train_cfg = TrainConfig(engine=EngineConfig(accelerator="cpu", precision=precision, zero_stage=stage),
+                        optim=OptimConfig(lr=1e-2, grad_clip=0.5), run=TrainRunConfig(seed=0))
+g = torch.Generator().manual_seed(1)
+batches = [{"input_ids": torch.randint(0, 64, (2, 16), generator=g)} for _ in range(4)]
+for b in batches:
+    b["labels"] = b["input_ids"].clone()
+engine = TrainEngine(cfg, train_cfg, 0, 1)
+before = engine.state_dict_in(torch.bfloat16)
+before = {n: t.clone() for n, t in before.items()}
+for i in range(2):
+    engine.train_step(batches[2 * i:2 * i + 2], [1, 3], 1e-2)
+masters = engine.full_state_dict()
+out = {}
+for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+    got = engine.state_dict_in(dtype)
+    out[name] = {"names": sorted(got) == sorted(masters), "dtypes": sorted({str(t.dtype) for t in got.values()}),
+                 "equal": all(torch.equal(got[n], masters[n].to(dtype)) for n in masters)}
+out["moved"] = min(float((engine.state_dict_in(torch.bfloat16)[n].float() - before[n].float()).abs().max())
+                   for n in before)
+from safetensors.torch import load, save  # what the RL learner ships: the module's tensors serialised as they are
+
+shipped = load(save(engine.state_dict_in(torch.bfloat16)))
+out["shipped"] = sorted(shipped) == sorted(masters) and all(torch.equal(shipped[n], masters[n].to(torch.bfloat16))
+                                                            for n in masters)
+engine.close()
+print("SERVE " + json.dumps(out))
+release_process_groups()
+"""
+
+
+@pytest.mark.parametrize("precision,stage", [("fp32", 0), ("bf16", 0), ("bf16", 2), ("bf16", 3)])
+def test_serving_weights_are_the_masters_rounded_to_the_asked_dtype(precision, stage):
+    """`state_dict_in(dtype)` (what the RL learner publishes to its rollout workers) equals the fp32 masters
+    cast to dtype, bitwise, after optimizer steps: also where it hands over the module's own bf16 weights
+    without casting (bf16 engine, ZeRO 0-2)."""
+    import os
+    import subprocess
+    import sys
+
+    from elr_rl.train.rank import free_port
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, "-c", SERVE_PROBE, precision, str(stage)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.split("SERVE ", 1)[1])
+    for name, dtype in (("bf16", "torch.bfloat16"), ("fp32", "torch.float32")):
+        assert res[name] == {"names": True, "dtypes": [dtype], "equal": True}, res
+    assert res["moved"] > 0, res  # the steps changed every tensor as served
+    assert res["shipped"] is True, res  # and safetensors serialises them (no shared-storage refusal)
