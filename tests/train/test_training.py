@@ -196,22 +196,42 @@ def test_cpu_rank_init_compiles_no_deepspeed_extension(tmp_path):
     assert not ext.exists() or not any(ext.iterdir()), sorted(p.name for p in ext.rglob("*"))
 
 
-ONE_RANK_PROBE = """
+# One DeepSpeed rank in a subprocess (its own process group and rendezvous port): a tiny model, four batches.
+PROBE_SETUP = """
 import json, sys
 import torch
-from elr_rl.model import ElrConfig, LoopedForCausalLM
+from elr_rl.model import ElrConfig
 from elr_rl.train.config import EngineConfig, OptimConfig, TrainConfig, TrainRunConfig
 from elr_rl.train.engine import TrainEngine, release_process_groups
 
-precision = sys.argv[1]
 cfg = ElrConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
                 n_input_layers=1, n_recurrent_layers=1, n_output_layers=1, max_loops=3, num_loops=3)
-train_cfg = TrainConfig(engine=EngineConfig(accelerator="cpu", precision=precision),
-                        optim=OptimConfig(lr=1e-2, grad_clip=0.5), run=TrainRunConfig(seed=0))
 g = torch.Generator().manual_seed(1)
 batches = [{"input_ids": torch.randint(0, 64, (2, 16), generator=g)} for _ in range(4)]
 for b in batches:
     b["labels"] = b["input_ids"].clone()
+"""
+
+
+def _run_probe(probe: str, tag: str, *args: str) -> dict:
+    """Run PROBE_SETUP + probe with args in a fresh interpreter; the JSON it printed after `tag`."""
+    import os
+    import subprocess
+    import sys
+
+    from elr_rl.train.rank import free_port
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, "-c", PROBE_SETUP + probe, *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split(tag + " ", 1)[1])
+
+
+ONE_RANK_PROBE = """
+precision = sys.argv[1]
+train_cfg = TrainConfig(engine=EngineConfig(accelerator="cpu", precision=precision),
+                        optim=OptimConfig(lr=1e-2, grad_clip=0.5), run=TrainRunConfig(seed=0))
 out = {}
 for skip in (True, False):
     engine = TrainEngine(cfg, train_cfg, 0, 1)
@@ -235,19 +255,9 @@ release_process_groups()
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_one_rank_skips_the_gradient_all_reduce_and_makes_the_same_update(precision):
     """A lone ZeRO-0 rank does not run DeepSpeed's gradient all-reduce (a flatten, a one-rank reduce and a
-    copy back of every gradient: 8% of a 47M bf16 learner step), and its updates equal those of the same
+    copy back of every gradient: 7% of a 47M bf16 learner step), and its updates equal those of the same
     rank with the all-reduce forced back on, over two steps of two accumulated microbatches."""
-    import os
-    import subprocess
-    import sys
-
-    from elr_rl.train.rank import free_port
-
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([sys.executable, "-c", ONE_RANK_PROBE, precision], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.split("ONE ", 1)[1])
+    res = _run_probe(ONE_RANK_PROBE, "ONE", precision)
     assert res["flag_True"] is False and res["calls_True"] == 0, res
     assert res["calls_False"] == 2, res  # one all-reduce per accumulation boundary when forced on
     assert res["diff"] == 0.0, res
@@ -255,19 +265,7 @@ def test_one_rank_skips_the_gradient_all_reduce_and_makes_the_same_update(precis
 
 
 FUSED_PROBE = """
-import json, sys
-import torch
-from elr_rl.model import ElrConfig, LoopedForCausalLM
-from elr_rl.train.config import EngineConfig, OptimConfig, TrainConfig, TrainRunConfig
-from elr_rl.train.engine import TrainEngine, release_process_groups
-
 precision, stage = sys.argv[1], int(sys.argv[2])
-cfg = ElrConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-                n_input_layers=1, n_recurrent_layers=1, n_output_layers=1, max_loops=3, num_loops=3)
-g = torch.Generator().manual_seed(1)
-batches = [{"input_ids": torch.randint(0, 64, (2, 16), generator=g)} for _ in range(4)]
-for b in batches:
-    b["labels"] = b["input_ids"].clone()
 out = {}
 for fused in (True, False):
     train_cfg = TrainConfig(engine=EngineConfig(accelerator="cpu", precision=precision, zero_stage=stage),
@@ -292,19 +290,9 @@ release_process_groups()
 
 @pytest.mark.parametrize("precision,stage", [("fp32", 0), ("bf16", 0), ("bf16", 2)])
 def test_optim_fused_reaches_torch_adamw_and_makes_the_same_update(precision, stage):
-    """`optim.fused` (the default) gives DeepSpeed torch's fused AdamW kernel (4x faster than its per-tensor
+    """`optim.fused` (the default) gives DeepSpeed torch's fused AdamW kernel (about 5x faster than its per-tensor
     loop on a CPU core), and two steps of it move every weight as the loop does (fp32 masters)."""
-    import os
-    import subprocess
-    import sys
-
-    from elr_rl.train.rank import free_port
-
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([sys.executable, "-c", FUSED_PROBE, precision, str(stage)], capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.split("FUSED ", 1)[1])
+    res = _run_probe(FUSED_PROBE, "FUSED", precision, str(stage))
     assert res["kind_True"] == res["kind_False"] == "AdamW", res
     assert all(res["flag_True"]) and not any(res["flag_False"]), res
     assert res["moved"] > 1e-4, res  # every tensor took the update
@@ -312,21 +300,9 @@ def test_optim_fused_reaches_torch_adamw_and_makes_the_same_update(precision, st
 
 
 SERVE_PROBE = """
-import json, sys
-import torch
-from elr_rl.model import ElrConfig
-from elr_rl.train.config import EngineConfig, OptimConfig, TrainConfig, TrainRunConfig
-from elr_rl.train.engine import TrainEngine, release_process_groups
-
 precision, stage = sys.argv[1], int(sys.argv[2])
-cfg = ElrConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-                n_input_layers=1, n_recurrent_layers=1, n_output_layers=1, max_loops=3, num_loops=3)
 train_cfg = TrainConfig(engine=EngineConfig(accelerator="cpu", precision=precision, zero_stage=stage),
                         optim=OptimConfig(lr=1e-2, grad_clip=0.5), run=TrainRunConfig(seed=0))
-g = torch.Generator().manual_seed(1)
-batches = [{"input_ids": torch.randint(0, 64, (2, 16), generator=g)} for _ in range(4)]
-for b in batches:
-    b["labels"] = b["input_ids"].clone()
 engine = TrainEngine(cfg, train_cfg, 0, 1)
 before = engine.state_dict_in(torch.bfloat16)
 before = {n: t.clone() for n, t in before.items()}
@@ -356,17 +332,7 @@ def test_serving_weights_are_the_masters_rounded_to_the_asked_dtype(precision, s
     """`state_dict_in(dtype)` (what the RL learner publishes to its rollout workers) equals the fp32 masters
     cast to dtype, bitwise, after optimizer steps: also where it hands over the module's own bf16 weights
     without casting (bf16 engine, ZeRO 0-2)."""
-    import os
-    import subprocess
-    import sys
-
-    from elr_rl.train.rank import free_port
-
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([sys.executable, "-c", SERVE_PROBE, precision, str(stage)], capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.split("SERVE ", 1)[1])
+    res = _run_probe(SERVE_PROBE, "SERVE", precision, str(stage))
     for name, dtype in (("bf16", "torch.bfloat16"), ("fp32", "torch.float32")):
         assert res[name] == {"names": True, "dtypes": [dtype], "equal": True}, res
     assert res["moved"] > 0, res  # the steps changed every tensor as served
