@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from elr_rl.rl import grpo
@@ -99,6 +100,7 @@ class LearnerRank:
 
         self.rank, self.world_size, self.cfg = rank, world_size, cfg
         self.engine = None
+        self._wire: np.ndarray | None = None  # the published weights' buffer, packed again each step
         self._ended: float | None = None  # when the last train_step returned (the next one's wait starts)
         self.cores = actor_core_budget()  # threads and cores from this rank's Ray CPUs, not the caller's env
 
@@ -178,22 +180,29 @@ class LearnerRank:
         # returns a ref to them, and the seconds spent, which count as weight-sync time.
         import ray
 
+        from elr_rl.model.safetensors_io import BytesOutOfBand
+
         t0 = time.perf_counter()
-        weights = self.weights()
-        ref = [ray.put(weights)] if self.rank == 0 else []  # in a list: the caller gets the ref, not the bytes
+        weights = self.weights()  # one copy into the store; workers get the safetensors file's bytes
+        ref = [ray.put(BytesOutOfBand(weights))] if self.rank == 0 else []  # in a list: the caller gets the ref
         serialize_s = time.perf_counter() - t0
         scored = self.logprobs(*parity) if parity is not None and self.rank == 0 else None
         self._ended = time.perf_counter()
         return StepResult(losses, grad_norm, stats, serialize_s, ref, compute_s=compute_s, cpu_s=cpu_s,
                           parity_logprobs=scored, wait_s=wait_s, borrowed_core_s=borrowed_s)
 
-    def weights(self) -> bytes:
-        """The full state dict as safetensors bytes (what rollout workers load): fp32, or bf16 when the
-        workers run bf16 (they round to it on load anyway; half the bytes to serialise, ship and stage)."""
-        from safetensors.torch import save
+    def weights(self) -> np.ndarray:
+        """The full state dict as the bytes of a safetensors file (what rollout workers load), in a uint8
+        array reused from step to step (valid until the next call; `ray.put` copies it): fp32, or bf16 when
+        the workers run bf16 (they round to it on load anyway; half the bytes to pack, ship and stage).
+        Ranks other than 0 return an empty array."""
+        from elr_rl.model.safetensors_io import pack_safetensors
 
         state = self.engine.state_dict_in(torch.bfloat16 if self.cfg.rollout.dtype == "bfloat16" else torch.float32)
-        return save(state) if self.rank == 0 else b""
+        if self.rank != 0:
+            return np.empty(0, dtype=np.uint8)
+        self._wire = pack_safetensors(state, out=self._wire)
+        return self._wire
 
     def param_checksum(self) -> float:
         """Sum of squares of this rank's full weights (data-parallel ranks must agree; all ranks call)."""
