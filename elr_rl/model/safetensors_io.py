@@ -12,6 +12,7 @@ import json
 import pickle
 import struct
 import sys
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -90,3 +91,41 @@ class BytesOutOfBand:
         if protocol >= 5:
             return bytes, (pickle.PickleBuffer(self.buffer),)
         return bytes, (self.buffer.tobytes(),)
+
+
+_CODES = {code: dtype for dtype, code in _DTYPES.items()}
+
+
+def safetensors_views(data: bytes | bytearray | memoryview | np.ndarray) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file's bytes as views into them (no copy; the caller keeps `data` alive
+    and does not write through the views). ValueError, naming what is wrong, for a truncated or malformed
+    file."""
+    view = memoryview(data).cast("B")
+    if len(view) < 8:
+        raise ValueError(f"not a safetensors file: {len(view)} bytes, no header length")
+    n = struct.unpack("<Q", view[:8])[0]
+    if n < 2 or 8 + n > len(view):
+        raise ValueError(f"not a whole safetensors file: a {n}-byte header in {len(view)} bytes")
+    try:
+        header = json.loads(bytes(view[8:8 + n]))
+    except ValueError:
+        raise ValueError("unreadable safetensors header (not JSON)") from None
+    start, out = 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape = _CODES[info["dtype"]], [int(s) for s in info["shape"]]
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"safetensors header entry {name!r} is malformed or has an unknown dtype: {info!r}") from None
+        size = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        if begin < 0 or end - begin != size or start + end > len(view):
+            raise ValueError(f"tensor {name!r}: bytes [{begin}, {end}) do not hold shape {shape} of {info['dtype']} "
+                             f"within the {len(view) - start} data bytes (truncated?)")
+        with warnings.catch_warnings():  # read-only buffers: torch warns that writes would be undefined
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(view, dtype=torch.uint8, count=size, offset=start + begin) if size else \
+                torch.empty(0, dtype=torch.uint8)
+        out[name] = flat.view(dtype).view(shape)
+    return out

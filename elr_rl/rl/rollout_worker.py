@@ -139,11 +139,14 @@ class RolloutWorker:
             return
         weights, version = pending
         t0 = time.perf_counter()
-        self.weights_path.write_bytes(weights)
-        try:
-            self.engine.update_weights(str(self.weights_path))
-        finally:  # the engine holds the weights now; a worker killed later leaves nothing in /dev/shm
-            self.weights_path.unlink(missing_ok=True)
+        if self.engine.options.in_process:  # the engine reads the bytes in place
+            self.engine.update_weights(weights)
+        else:  # staged in a file the engine's process reads (and the next worker sweeps if this one dies)
+            self.weights_path.write_bytes(weights)
+            try:
+                self.engine.update_weights(str(self.weights_path))
+            finally:  # the engine holds the weights now; a worker killed later leaves nothing in /dev/shm
+                self.weights_path.unlink(missing_ok=True)
         self.version = version
         self._load_s += time.perf_counter() - t0
 

@@ -422,8 +422,9 @@ class RolloutEngine:
             self._drop_cached_prefixes()
         self.k = int(k)
 
-    def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> float:
-        """Replace every weight in place from a state dict (learner names) or a safetensors file.
+    def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Path | bytes) -> float:
+        """Replace every weight in place from a state dict (learner names), a safetensors file, or the
+        bytes of one (an in-process engine reads them in place; else they are staged as a file).
 
         Refused with ValueError, before the engine is touched, unless the names and
         shapes are exactly the checkpoint's. Returns seconds; bumps weight_version.
@@ -432,16 +433,27 @@ class RolloutEngine:
 
         from safetensors.torch import save_file
 
+        from elr_rl.model.safetensors_io import safetensors_views
+
         start = time.perf_counter()
+        path, staged, method = None, False, "elr_update_weights"
         if isinstance(weights, (str, Path)):
-            path, staged = str(weights), False
+            path = str(weights)
             self._validate(checkpoint_shapes_of_file(path))
+        elif isinstance(weights, (bytes, bytearray, memoryview)):
+            self._validate({n: tuple(t.shape) for n, t in safetensors_views(weights).items()})
+            if self.options.in_process:  # the engine runs here: the RPC gets the object itself
+                method = "elr_update_weights_from_bytes"
+            else:
+                path, staged = self._stage_path(), True
+                with open(path, "wb") as f:
+                    f.write(weights)
         else:
             self._validate({n: tuple(t.shape) for n, t in weights.items()})
             path, staged = self._stage_path(), True
             save_file({n: t.detach().to("cpu").contiguous() for n, t in weights.items()}, path)
         try:
-            self.llm.collective_rpc("elr_update_weights", args=(path,))
+            self.llm.collective_rpc(method, args=(weights if path is None else path,))
         finally:
             if staged:
                 os.unlink(path)

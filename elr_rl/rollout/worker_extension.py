@@ -1,7 +1,7 @@
 """Methods added to every vLLM worker (`worker_extension_cls`), called through `LLM.collective_rpc`.
 
 They run next to the model, in the worker process (or in-process). Names start
-with `elr_` so they never clash with the worker's own attributes.
+with `elr_` (helpers `_elr_`) so they never clash with the worker's own attributes.
 """
 
 from __future__ import annotations
@@ -45,14 +45,31 @@ class LoopedWorkerExtension:
         from safetensors import safe_open
         from safetensors.torch import load_file
 
-        model = self._elr_model()
         with safe_open(path, framework="pt") as f:
             shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-        problems = weight_mismatches(shapes, model.expected_shapes)
+        self._elr_check_shapes(shapes)
+        return self._elr_reload(lambda: load_file(path))  # CPU tensors; the loader copies them onto the device
+
+    def elr_update_weights_from_bytes(self, data: bytes) -> dict:
+        """`elr_update_weights` from the bytes of a safetensors file, read in place (an in-process engine
+        gets the caller's object itself: no file is written and no copy is made before the load's own)."""
+        from elr_rl.model.safetensors_io import safetensors_views
+
+        weights = safetensors_views(data)
+        self._elr_check_shapes({name: tuple(t.shape) for name, t in weights.items()})
+        return self._elr_reload(lambda: weights)
+
+    def _elr_check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        problems = weight_mismatches(shapes, self._elr_model().expected_shapes)
         if problems:
             raise ValueError("weight update refused, engine unchanged: " + "; ".join(problems[:10]))
+
+    def _elr_reload(self, read) -> dict:
+        """Load the weights `read()` returns (names and shapes already checked) into the model and any
+        self-speculative draft; check afterwards that every parameter was loaded."""
+        model = self._elr_model()
         start = time.perf_counter()
-        weights = load_file(path)  # CPU tensors; the loader copies them onto the model's device
+        weights = read()
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         draft = getattr(getattr(self.model_runner, "drafter", None), "model", None)
         if draft is not None and hasattr(draft, "expected_shapes"):  # a self-speculative draft: the same weights

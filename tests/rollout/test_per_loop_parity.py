@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from elr_rl.model.safetensors_io import pack_safetensors
 from tests.rollout.conftest import PROMPTS, elr_config, save_random
 from tests.rollout.helpers import TOL, randomize_, sampled_vs_teacher_forced, teacher_forced
 
@@ -61,6 +62,12 @@ def test_bad_update_refused_and_old_weights_kept(served):
     for bad, words in ((renamed, "q_projection"), (wrong_shape, "shape"), (missing, "missing")):
         with pytest.raises(ValueError, match=words):
             engine.update_weights(bad)
+        with pytest.raises(ValueError, match=words):  # the same, as a safetensors file's bytes
+            engine.update_weights(pack_safetensors(bad).tobytes())
+    whole = pack_safetensors(good).tobytes()
+    for cut in (whole[:4], whole[:100], whole[:-2]):
+        with pytest.raises(ValueError, match="safetensors|truncated"):
+            engine.update_weights(cut)
     assert engine.weight_version == version
     after = engine.prompt_logprobs([PROMPTS[1]])[0]
     assert after == before, "a refused update changed what the engine serves"
@@ -81,6 +88,28 @@ def test_update_keeps_parity_and_changes_outputs(served):
         assert all(g.weight_version == 1 for g in groups)
         prompt_gap, sampled_gap = sampled_vs_teacher_forced(new_model, groups, k)
         assert max(prompt_gap, sampled_gap) <= TOL, f"k={k}: parity lost after the update ({prompt_gap}, {sampled_gap})"
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_update_from_a_files_bytes_serves_those_weights(served, in_process, monkeypatch):
+    """The RL worker hands its engine the bytes the learner published: read in place by an in-process
+    engine, staged as a file (removed afterwards) for an engine in its own process."""
+    import dataclasses
+    from pathlib import Path
+
+    engine = served["engine"]
+    monkeypatch.setattr(engine, "options", dataclasses.replace(engine.options, in_process=in_process))
+    staged_before = set(Path(engine.options.shm_dir).glob("elr_weights_*"))
+    engine.set_k(2)
+    new_model = randomize_(type(served["model"])(served["model"].config), seed=9 + in_process)
+    version = engine.weight_version
+    engine.update_weights(pack_safetensors(new_model.state_dict()).tobytes())
+    served["model"] = new_model
+    assert engine.weight_version == version + 1
+    assert set(Path(engine.options.shm_dir).glob("elr_weights_*")) == staged_before
+    for k in (2, 4):
+        prompt_gap, sampled_gap = sampled_vs_teacher_forced(new_model, _generate(engine, k), k)
+        assert max(prompt_gap, sampled_gap) <= TOL, f"k={k}: not the new weights ({prompt_gap}, {sampled_gap})"
 
 
 def test_stop_tokens_end_completions(served):
