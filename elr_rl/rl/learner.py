@@ -195,7 +195,8 @@ class LearnerRank:
         """The full state dict as the bytes of a safetensors file (what rollout workers load), in a uint8
         array reused from step to step (valid until the next call; `ray.put` copies it): fp32, or bf16 when
         the workers run bf16 (they round to it on load anyway; half the bytes to pack, ship and stage).
-        Ranks other than 0 return an empty array."""
+        Rank 0 keeps that buffer between steps (the weights' size in host memory: the same peak as building
+        a new one each step, which cost more than the copy in fresh pages). Other ranks return an empty array."""
         from elr_rl.model.safetensors_io import pack_safetensors
 
         state = self.engine.state_dict_in(torch.bfloat16 if self.cfg.rollout.dtype == "bfloat16" else torch.float32)
