@@ -35,7 +35,8 @@ def pack_safetensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str,
                      out: np.ndarray | None = None) -> np.ndarray:
     """The bytes of a safetensors file holding `tensors` (any device, any strides) and string `metadata`, as a
     uint8 array: the front of `out` when it is a uint8 array large enough (reused, so valid until the next
-    call), else a new one. Byte for byte what `safetensors.torch.save` writes for contiguous tensors.
+    call), else a new one. Byte for byte what `safetensors.torch.save` writes for contiguous tensors (with two or
+    more metadata keys, up to their order: these are in the given order, safetensors' in its hash map's).
 
     Tensors are laid out as safetensors lays them out (widest dtype first, then by name), so every tensor
     starts aligned to its element size and is copied straight into place.
