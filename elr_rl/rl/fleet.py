@@ -94,6 +94,11 @@ class RolloutFleet:
             return None
         return [s.prompt_ids + s.response_ids for s in group.samples[:n]], group.k
 
+    @property
+    def parity_in_flight(self) -> bool:
+        """A check is waiting for worker 0's scores (the next one starts after it is collected)."""
+        return self._parity is not None
+
     def start_parity_check(self, parity: tuple[list[list[int]], int] | None, learner_scores: list | None) -> None:
         """Have worker 0 score the sequences the learner scored with the version just published
         (collected later; one check at a time)."""

@@ -143,3 +143,61 @@ def test_the_learner_runs_on_a_lent_core_only_while_it_is_free(toy_checkpoint, r
     assert lent.grad_norm == pytest.approx(own_results[0].grad_norm, rel=1e-5)
     worst = max((own[n] - weights[n]).abs().max().item() for n in own)
     assert worst < 5e-5, f"the update on two threads differs from one thread by {worst}"
+
+
+@pytest.mark.skipif(len(visible_cores()) < 2, reason="the rank and the lent core need 2 cores")
+def test_a_borrowing_learner_gives_a_core_back_within_a_sublayer(toy_checkpoint, tmp_path):
+    """In a child process (affinity is per process): the worker takes its core back while the learner is
+    in the middle of an MLP (after the gate projection): the learner is back on one thread before the up
+    projection runs, in the forward and in the backward pass, not only at the next sublayer."""
+    import json
+    import subprocess
+    import sys
+
+    own, lent = sorted(visible_cores())[:2]
+    code = f"""
+import json, torch
+from pathlib import Path
+from elr_rl.model import LoopedForCausalLM
+from elr_rl.model.layers import MLP
+from elr_rl.rl.cores import CoreBorrower, CoreLender, apply_core_budget
+from elr_rl.rl.learner import lending_checkpoints
+apply_core_budget(1.0, {own})
+model = LoopedForCausalLM.from_pretrained({str(toy_checkpoint)!r})
+d = Path({str(tmp_path / 'lend')!r})
+lender = CoreLender(d, [{lent}])  # idle: lent
+b = CoreBorrower(d, ({own},))
+b.install(model, lending_checkpoints())
+mlp = next(m for m in model.modules() if isinstance(m, MLP))
+seen, busy = [], []
+def worker(start):  # the rollout worker starts (True) or ends (False) its engine call
+    if start and not busy:
+        lender.__enter__()
+        busy.append(1)
+    elif not start and busy:
+        lender.__exit__(None, None, None)
+        busy.clear()
+def note(name):
+    seen.append((name, torch.get_num_threads()))
+mlp.gate_proj.register_forward_pre_hook(lambda *a: note("gate"))
+mlp.gate_proj.register_forward_hook(lambda *a: worker(True))  # the worker starts work mid-sublayer
+mlp.up_proj.register_forward_pre_hook(lambda *a: note("up"))
+def down_grad(module, grad_output):
+    note("down backward")
+    worker(True)
+mlp.down_proj.register_full_backward_pre_hook(down_grad)
+mlp.gate_proj.register_full_backward_pre_hook(lambda *a: note("gate backward"))
+ids = torch.randint(4, 60, (2, 12))
+with b.borrowing():
+    logits = model(ids)
+    worker(False)  # idle again for the backward pass
+    logits.float().sum().backward()
+print(json.dumps(seen))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    first = {name: threads for name, threads in reversed(seen)}  # each hook's first call
+    assert first["gate"] == 2  # borrowing while the core is lent
+    assert first["up"] == 1  # given back before the next projection of the same sublayer
+    assert first["down backward"] == 2 and first["gate backward"] == 1, seen

@@ -4,6 +4,7 @@ behind the running one, and that a queued step counts staleness from the weights
 from __future__ import annotations
 
 import collections
+import types
 
 import pytest
 
@@ -22,7 +23,7 @@ def _driver(mode: str = "async", queued_steps: int = 1, save_interval: int = 100
     cfg.algo.dynamic_sampling = False
     d = Driver(cfg)
     d.step = d.version = step
-    d.trainings = collections.deque(object() for _ in range(running))
+    d.trainings = collections.deque(types.SimpleNamespace(parity=None) for _ in range(running))
     return d
 
 
@@ -83,3 +84,28 @@ def test_a_queued_step_counts_staleness_from_the_weights_it_will_update():
     t2 = d2._start_training()
     assert [g.prompt_id for g in t2.info.groups] == ["p0", "p1"] and t2.info.staleness == [1, 0]
     assert not t2.info.queued
+
+
+def test_the_learner_scores_spot_check_sequences_only_when_a_check_can_start():
+    """Rank 0 scores the parity sequences with its new weights only where the check can start as the
+    step ends: not while one is waiting for the worker's scores, nor behind a submitted step that carries
+    them (its check would start first and this step's scoring would be thrown away)."""
+    def submit(running_parity: list, in_flight: bool):
+        d = _driver(running=len(running_parity), step=5)
+        d.trainings = collections.deque(types.SimpleNamespace(parity=p) for p in running_parity)
+        d.cfg.curriculum.loop_counts = [1]
+        d.depth = lambda k: k
+        d.learner = _Learner()
+        d.fleet = RolloutFleet(d.cfg, "unused", d.version)
+        if in_flight:
+            d.fleet._parity = (5, [[0.0]], "ref")
+        for i in range(2):
+            d.buffer.add(_group(i, 5))
+        training = d._start_training()
+        assert d.learner.calls[0][3] == training.parity
+        return training.parity
+
+    assert submit([], in_flight=False) == ([[5, 6, 7, 8], [5, 6, 7, 8]], 1)
+    assert submit([None], in_flight=False) is not None  # the running step carries none
+    assert submit([], in_flight=True) is None
+    assert submit([([[1, 2]], 1)], in_flight=False) is None
