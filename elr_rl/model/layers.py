@@ -56,12 +56,24 @@ class Rotary(nn.Module):
         # x: [..., T, H, hd], positions: [..., T]
         if self.rot == 0:
             return x
+        return self._rotate(x, *self._cos_sin(positions))
+
+    def qk(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` on queries and keys, with the angles' cos and sin computed once for both."""
+        if self.rot == 0:
+            return q, k
+        cos, sin = self._cos_sin(positions)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ang = positions.float().unsqueeze(-1) * self.inv_freq  # [..., T, rot/2]
-        cos, sin = ang.cos().unsqueeze(-2), ang.sin().unsqueeze(-2)  # [..., T, 1, rot/2]
+        return ang.cos().unsqueeze(-2), ang.sin().unsqueeze(-2)  # [..., T, 1, rot/2]
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = self.rot // 2
         x1, x2, rest = x[..., :half].float(), x[..., half : self.rot].float(), x[..., self.rot :]
         out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-        return torch.cat([out, rest], dim=-1)
+        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
 
 class Attention(nn.Module):
@@ -94,7 +106,7 @@ class Attention(nn.Module):
         q = self.q_proj(h).view(*lead, self.H, self.hd)
         k = self.k_proj(h).view(*lead, self.KV, self.hd)
         v = self.v_proj(h).view(*lead, self.KV, self.hd)
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        q, k = self.rotary.qk(q, k, positions)
         q, k = self.qk_transform(q, k)
         out = core(q, k, v, self.layer, loop_idx, self.window).reshape(*lead, self.H * self.hd)
         if self.g_proj is not None:
