@@ -121,7 +121,8 @@ class AsyncConfig:
     """Groups produced more than this many policy versions ago are not trained on."""
     parity_check_sequences: int = 2
     """Sequences whose logprobs are compared between a worker and the learner after a sync (0: off); one check
-    at a time, so with queued learner steps about every other sync is checked."""
+    at a time: every sync in sync mode, every other one with queued learner steps (summary.json's
+    parity_checks counts what became of each)."""
     queued_steps: int = 1
     """Async mode: learner steps submitted while one runs, as soon as their batch is fresh enough, so the
     learner goes from one step to the next without waiting on the driver (publishing, scoring, packing).

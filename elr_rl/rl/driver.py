@@ -36,6 +36,7 @@ from elr_rl.train.schedule import warmup_factor
 from elr_rl.text import TextCodec
 
 log = logging.getLogger("elr_rl.rl")
+PARITY_DRAIN_S = 60.0  # how long a finished run waits for its last parity check (worker 0 scores a few sequences)
 
 
 @dataclass
@@ -104,6 +105,7 @@ class Driver:
                     training = self._start_training()
                     if training is not None:
                         self.trainings.append(training)
+            self._collect_parity(PARITY_DRAIN_S)  # the last step's check: counted in summary.json
         finally:
             if self.bar is not None:
                 self.bar.close()
@@ -209,8 +211,8 @@ class Driver:
                                           reward_mean=sum(group.rewards()) / len(group.samples),
                                           response_tokens_mean=sum(resp) / len(resp)))
 
-    def _collect_parity(self) -> None:
-        worst = self.fleet.collect_parity()
+    def _collect_parity(self, timeout: float = 0.0) -> None:
+        worst = self.fleet.collect_parity(timeout)
         if worst is not None:
             self.window.parity.append(worst)
 
@@ -248,11 +250,11 @@ class Driver:
         lr = c.learner.optim.lr * warmup_factor(self.step + len(self.trainings), c.learner.warmup_steps)
         info = BatchInfo(groups, [version - g.version for g in groups], dropped, lr, stats | lb.stats,
                          queued=bool(self.trainings))
-        # rank 0 scores the spot-check's sequences only when a check can start as this step ends: none in
-        # flight at the worker and none riding with a step submitted before (it would be skipped, its
-        # scoring wasted: 3-4% of a learner step at 12M-47M parameters)
-        pending = self.fleet.parity_in_flight or any(t.parity is not None for t in self.trainings)
-        parity = None if pending else self.fleet.parity_sequences(groups[0] if groups else None)
+        # rank 0 scores the spot-check's sequences (3-4% of a learner step at 12M-47M parameters) for every
+        # step that is not queued behind one carrying them: every step in sync mode, every other one while
+        # steps queue
+        riding = any(t.parity is not None for t in self.trainings)
+        parity = None if riding else self.fleet.parity_sequences(groups[0] if groups else None)
         return Training(self.learner.train_step(lb.microbatches, lb.ks, lr, parity), info, time.perf_counter(),
                         parity)
 
@@ -335,6 +337,7 @@ class Driver:
         if hasattr(self, "scheduler"):
             pending += len(self.scheduler.queue) + self.scheduler.in_flight()
         summary = {"step": self.step, "version": self.version, "ledger": dict(self.ledger),
+                   "parity_checks": self.fleet.parity_summary() if hasattr(self, "fleet") else None,
                    "pending_groups": pending, "restarted_workers": self.fleet.restarts if hasattr(self, "fleet") else 0,
                    "resumed_from_step": self.state.step if self.state else None,
                    "final_checkpoint": getattr(self, "last_checkpoint", None),

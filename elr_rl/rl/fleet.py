@@ -28,7 +28,11 @@ class RolloutFleet:
         self.version = version
         self.workers: list[Any] = []
         self.restarts = 0
-        self._parity: tuple[int, Any, Any] | None = None  # (version, learner logprobs, worker ref)
+        self._parity: tuple[int, Any, Any] | None = None  # in flight: (version, learner logprobs, worker ref)
+        # what became of every check the learner scored for: compared, or not (one was still in flight,
+        # newer weights reached the worker first, or it died)
+        self.parity_counts = {"compared": 0, "worker_busy": 0, "newer_weights": 0, "worker_died": 0}
+        self.parity_worst = 0.0  # over every compared check of the run
 
     def start(self) -> None:
         self.workers = [self._new_worker(i) for i in range(self.cfg.rollout.num_workers)]
@@ -94,42 +98,51 @@ class RolloutFleet:
             return None
         return [s.prompt_ids + s.response_ids for s in group.samples[:n]], group.k
 
-    @property
-    def parity_in_flight(self) -> bool:
-        """A check is waiting for worker 0's scores (the next one starts after it is collected)."""
-        return self._parity is not None
-
     def start_parity_check(self, parity: tuple[list[list[int]], int] | None, learner_scores: list | None) -> None:
-        """Have worker 0 score the sequences the learner scored with the version just published
-        (collected later; one check at a time)."""
-        if parity is None or learner_scores is None or self._parity is not None:
+        """Have worker 0 score the sequences the learner scored with the version just published (collected
+        later). One check at a time: the worker's threads hold a generate, one parity call and a control
+        call; a check due while one is still in flight is skipped and counted (`worker_busy`)."""
+        if parity is None or learner_scores is None:
+            return
+        if self._parity is not None:
+            self.parity_counts["worker_busy"] += 1
             return
         seqs, k = parity
         self._parity = (self.version, learner_scores, self.workers[0].logprobs.remote(seqs, k))
 
-    def collect_parity(self) -> float | None:
-        """Max |logprob(worker) - logprob(learner)| once the worker answered for the same version."""
+    def collect_parity(self, timeout: float = 0.0) -> float | None:
+        """Max |logprob(worker) - logprob(learner)| once the worker answered for the same version (waiting
+        up to `timeout` seconds); a check answered with newer weights, or never (the worker died; its next
+        request finds out and restarts it), is counted in `parity_counts`."""
         import ray
         from ray.exceptions import RayActorError
 
         if self._parity is None:
             return None
         version, ours, theirs_ref = self._parity
-        done, _ = ray.wait([theirs_ref], timeout=0)
+        done, _ = ray.wait([theirs_ref], timeout=timeout)
         if not done:
             return None
         self._parity = None
         try:
             worker_version, theirs = ray.get(theirs_ref)
-        except RayActorError:  # the worker died; its next request finds out and restarts it
+        except RayActorError:
+            self.parity_counts["worker_died"] += 1
             return None
         if worker_version != version:  # newer weights arrived first: nothing comparable
+            self.parity_counts["newer_weights"] += 1
             return None
         diffs = [abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x, y[-len(x):])]
         worst = max(diffs) if diffs else 0.0
         if worst > 1e-2:
             log.warning("trainer/rollout logprob mismatch after sync to version %d: max |diff| = %.3g", version, worst)
+        self.parity_counts["compared"] += 1
+        self.parity_worst = max(self.parity_worst, worst)
         return worst
+
+    def parity_summary(self) -> dict[str, Any]:
+        """The run's spot-checks for summary.json: what became of each, and the worst difference compared."""
+        return {**self.parity_counts, "unfinished": int(self._parity is not None), "worst_abs_diff": self.parity_worst}
 
     def shutdown(self) -> None:
         import ray

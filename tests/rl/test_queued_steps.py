@@ -86,10 +86,11 @@ def test_a_queued_step_counts_staleness_from_the_weights_it_will_update():
     assert not t2.info.queued
 
 
-def test_the_learner_scores_spot_check_sequences_only_when_a_check_can_start():
-    """Rank 0 scores the parity sequences with its new weights only where the check can start as the
-    step ends: not while one is waiting for the worker's scores, nor behind a submitted step that carries
-    them (its check would start first and this step's scoring would be thrown away)."""
+def test_the_learner_scores_spot_check_sequences_for_steps_not_queued_behind_one_that_carries_them():
+    """Rank 0 scores the parity sequences with its new weights for every step submitted behind none that
+    carries them: every step in sync mode, every other one while steps queue. Behind a step that carries
+    them its check would still be in flight as this step ended, and this step's scoring thrown away.
+    A check in flight now does not matter: it is answered long before this step ends."""
     def submit(running_parity: list, in_flight: bool):
         d = _driver(running=len(running_parity), step=5)
         d.trainings = collections.deque(types.SimpleNamespace(parity=p) for p in running_parity)
@@ -107,5 +108,18 @@ def test_the_learner_scores_spot_check_sequences_only_when_a_check_can_start():
 
     assert submit([], in_flight=False) == ([[5, 6, 7, 8], [5, 6, 7, 8]], 1)
     assert submit([None], in_flight=False) is not None  # the running step carries none
-    assert submit([], in_flight=True) is None
+    assert submit([], in_flight=True) == ([[5, 6, 7, 8], [5, 6, 7, 8]], 1)
+    assert submit([None], in_flight=True) is not None
     assert submit([([[1, 2]], 1)], in_flight=False) is None
+
+
+def test_a_check_due_while_one_is_in_flight_is_counted_not_started():
+    """One check at a time at worker 0 (its threads: a generate, one parity call, a control call); the one
+    skipped is counted in summary.json's parity_checks, as are those never compared."""
+    fleet = RolloutFleet(RLConfig(model_path="unused"), "unused", 3)
+    fleet._parity = (3, [[0.0]], "ref")
+    fleet.start_parity_check(([[1, 2]], 1), [[-0.5]])
+    assert fleet._parity == (3, [[0.0]], "ref")
+    fleet.start_parity_check(None, None)  # a step that carried none: nothing to count
+    assert fleet.parity_summary() == {"compared": 0, "worker_busy": 1, "newer_weights": 0, "worker_died": 0,
+                                      "unfinished": 1, "worst_abs_diff": 0.0}
