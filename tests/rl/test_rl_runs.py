@@ -45,12 +45,15 @@ def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, 
     print(f"reward first 8 steps {first:.3f} -> last 8 steps {last:.3f}")
     assert last > first + 0.1, reward
     assert all(x["async/staleness_max"] <= 1 for x in r)  # nothing older than max_staleness was trained on
-    # workers serve what the learner holds: checks finish asynchronously, but most steps see one
+    # workers serve what the learner holds: at least every other step carries a check (a step queued behind
+    # one that carries it carries none), nearly all are compared, and each but the last (summary.json only)
+    # lands in a step's row
+    checks = summary["parity_checks"]
     parity = [x["sync/parity_max_abs_diff"] for x in r if "sync/parity_max_abs_diff" in x]
-    assert len(parity) >= steps // 2 and all(p < 1e-3 for p in parity), parity
-    checks = summary["parity_checks"]  # every check is accounted for
-    assert checks["compared"] >= len(parity) and checks["worst_abs_diff"] == max(parity + [checks["worst_abs_diff"]])
-    assert checks["unfinished"] == 0, checks
+    print("parity checks", checks, "in rows", len(parity))
+    assert sum(v for key, v in checks.items() if key != "worst_abs_diff") >= steps // 2, checks
+    assert checks["compared"] >= steps // 2 - 2 and checks["unfinished"] == 0, checks
+    assert len(parity) >= checks["compared"] - 1 and all(p < 1e-3 for p in parity) and checks["worst_abs_diff"] < 1e-3
     assert all(x["timing_s/weight_sync"] > 0 for x in r)
     assert sum("timing_s/weight_load" in x for x in r) >= steps // 2  # workers loaded the staged weights
     # the learner's own timing: inside the driver's view of the step, and a thread budget of one busy thread
@@ -116,10 +119,11 @@ def test_queued_learner_steps_keep_staleness_parity_and_checkpoints(toy_checkpoi
     # none); the worker is idle enough to answer nearly each before the next is due, and the run waits for
     # the last one (summary.json only)
     checks = summary["parity_checks"]
-    assert sum(v for key, v in checks.items() if key != "worst_abs_diff") >= steps // 2, checks
-    assert checks["compared"] >= steps // 2 - 1 and checks["unfinished"] == 0 and checks["worst_abs_diff"] < 1e-3
     parity = [x["sync/parity_max_abs_diff"] for x in r if "sync/parity_max_abs_diff" in x]
-    assert len(parity) >= steps // 2 - 1 and all(p < 1e-3 for p in parity), parity
+    print("parity checks", checks, "in rows", len(parity))
+    assert sum(v for key, v in checks.items() if key != "worst_abs_diff") >= steps // 2, checks
+    assert checks["compared"] >= steps // 2 - 1 and checks["unfinished"] == 0, checks
+    assert len(parity) >= checks["compared"] - 1 and all(p < 1e-3 for p in parity) and checks["worst_abs_diff"] < 1e-3
     # a queued step started as soon as the previous one ended on the rank
     assert min(x["timing_s/learner_wait"] for x in r if x["step"] in queued) < 0.1
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_0000004", "step_0000008"]
