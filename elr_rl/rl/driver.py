@@ -36,7 +36,7 @@ from elr_rl.train.schedule import warmup_factor
 from elr_rl.text import TextCodec
 
 log = logging.getLogger("elr_rl.rl")
-PARITY_DRAIN_S = 60.0  # how long a finished run waits for its last parity check (worker 0 scores a few sequences)
+PARITY_DRAIN_S = 10.0  # how long a finished run waits for its last parity check (behind worker 0's running request)
 
 
 @dataclass
