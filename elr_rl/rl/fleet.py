@@ -142,7 +142,8 @@ class RolloutFleet:
 
     def parity_summary(self) -> dict[str, Any]:
         """The run's spot-checks for summary.json: what became of each, and the worst difference compared."""
-        return {**self.parity_counts, "unfinished": int(self._parity is not None), "worst_abs_diff": self.parity_worst}
+        worst = self.parity_worst if self.parity_counts["compared"] else None  # None: nothing compared
+        return {**self.parity_counts, "unfinished": int(self._parity is not None), "worst_abs_diff": worst}
 
     def shutdown(self) -> None:
         import ray

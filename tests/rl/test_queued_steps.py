@@ -122,4 +122,30 @@ def test_a_check_due_while_one_is_in_flight_is_counted_not_started():
     assert fleet._parity == (3, [[0.0]], "ref")
     fleet.start_parity_check(None, None)  # a step that carried none: nothing to count
     assert fleet.parity_summary() == {"compared": 0, "worker_busy": 1, "newer_weights": 0, "worker_died": 0,
-                                      "unfinished": 1, "worst_abs_diff": 0.0}
+                                      "unfinished": 1, "worst_abs_diff": None}
+
+
+def test_collected_checks_are_compared_only_for_the_version_the_learner_scored(ray_cluster):
+    """collect_parity against real object refs: a worker answer for the published version is compared (the
+    worker's scores cover the whole sequence, the learner's its tail); one with newer weights is counted,
+    not compared; an answer not there yet stays in flight."""
+    import ray
+
+    fleet = RolloutFleet(RLConfig(model_path="unused"), "unused", 3)
+    fleet._parity = (3, [[-0.5, -0.25]], ray.put((3, [[-9.0, -0.5, -0.2]])))
+    assert fleet.collect_parity(timeout=10) == pytest.approx(0.05)
+    fleet._parity = (4, [[-0.5]], ray.put((5, [[-3.0]])))  # the worker loaded version 5 first
+    assert fleet.collect_parity(timeout=10) is None and fleet._parity is None
+
+    @ray.remote
+    def later():
+        import time
+        time.sleep(30)
+        return 6, [[0.0]]
+
+    pending = later.remote()
+    fleet._parity = (6, [[0.0]], pending)
+    assert fleet.collect_parity() is None and fleet._parity is not None  # not answered: still in flight
+    assert fleet.parity_summary() == {"compared": 1, "worker_busy": 0, "newer_weights": 1, "worker_died": 0,
+                                      "unfinished": 1, "worst_abs_diff": pytest.approx(0.05)}
+    ray.cancel(pending, force=True)
