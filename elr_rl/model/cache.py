@@ -155,6 +155,14 @@ class _Bucket:
     allowed: torch.Tensor  # [R, Q, P + Q]
     windowed: dict[int, torch.Tensor] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Flat forms for index_select: its backward adds rows back with index_add, where advanced
+        # indexing's backward (index_put with accumulate, the parent's keys repeated in every child)
+        # cost about a fifth of the attention call at an RL batch's shapes (bitwise the same results).
+        self.q_flat = self.q_idx.reshape(-1)
+        self.k_flat = self.k_idx.reshape(-1)
+        self.out_flat = self.q_valid.reshape(-1).nonzero().squeeze(1)  # the real queries of [R * Q]
+
 
 def _seen(allowed: torch.Tensor, q_valid: torch.Tensor, parent_len: int) -> torch.Tensor:
     """`allowed` with each pad query seeing its segment's first token: no empty softmax (its output is dropped)."""
@@ -249,7 +257,13 @@ class SegmentCore:
     def __call__(self, q, k, v, layer_id: int, loop_idx: int, window: int | None) -> torch.Tensor:
         shape = q.shape
         qf, kf, vf = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])
-        outs = [_attend(qf[b.q_idx], kf[b.k_idx], vf[b.k_idx], self._allowed(b, window), teacher_forced=True)[b.q_valid]
-                for b in self.buckets]
-        out = outs[0] if self.inverse is None else torch.cat(outs)[self.inverse]
+        outs = []
+        for b in self.buckets:
+            R, Q = b.q_idx.shape
+            qb = qf.index_select(0, b.q_flat).view(R, Q, *qf.shape[1:])
+            kb = kf.index_select(0, b.k_flat).view(R, -1, *kf.shape[1:])
+            vb = vf.index_select(0, b.k_flat).view(R, -1, *vf.shape[1:])
+            o = _attend(qb, kb, vb, self._allowed(b, window), teacher_forced=True)
+            outs.append(o.reshape(R * Q, *o.shape[2:]).index_select(0, b.out_flat))
+        out = outs[0] if self.inverse is None else torch.cat(outs).index_select(0, self.inverse)
         return out.reshape(shape)

@@ -54,8 +54,10 @@ class Backbone(nn.Module):
         core: AttentionCore,
         k: int,
         readouts: bool = False,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor | list[torch.Tensor]:
-        """Hidden states after the output block [..., T, d]; with `readouts`, one per loop 1..k."""
+        """Hidden states after the output block [..., T, d]; with `readouts`, one per loop 1..k; with
+        `rows` ([N] indices into the flattened positions), only those positions' [1, N, d]."""
         s = self.spec
         n_in, n_rec = s.n_in, s.n_rec
         for layer in self.layers[:n_in]:
@@ -72,16 +74,36 @@ class Backbone(nn.Module):
         on_state = (lambda i, st: states.append(st)) if readouts else None
         h = run_loops(h_in, k, recurrent_block, self.update, s.initial_state, s.truncated_backprop, on_state)
         if readouts:  # the output block on every loop's state, as a model stopping at loop i would run it
-            return [self.output_block(st, positions, core, i) for i, st in enumerate(states, start=1)]
-        return self.output_block(h, positions, core, k)
+            return [self.output_block(st, positions, core, i, rows) for i, st in enumerate(states, start=1)]
+        return self.output_block(h, positions, core, k, rows)
 
-    def output_block(self, h: torch.Tensor, positions: torch.Tensor, core: AttentionCore, k: int) -> torch.Tensor:
-        """The output sublayers (conditioned as at loop k of k) and the final norm."""
+    def output_block(self, h: torch.Tensor, positions: torch.Tensor, core: AttentionCore, k: int,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The output sublayers (conditioned as at loop k of k) and the final norm.
+
+        `rows`: only these positions (indices into the flattened [..., T]) leave the block. Every
+        sublayer after the block's last attention works on each position alone, so from there on
+        only those rows are computed: a GRPO row's shared prompt, whose logits train nothing but
+        its last token, skips the output block's last MLP, the final norm and the head."""
         s = self.spec
+        first = s.n_in + s.n_rec
         out_mods = self._mods(k, k, range(s.n_rec, s.n_rec + s.n_out))
-        for j, layer in enumerate(self.layers[s.n_in + s.n_rec :]):
+        attention = [j for j in range(s.n_out) if s.is_attention(first + j)]
+        cut = attention[-1] + 1 if attention else 0  # sublayers from `cut` on are position-wise
+        for j, layer in enumerate(self.layers[first:]):
+            if j == cut and rows is not None:
+                h, positions = _select_rows(h, rows), _select_rows(positions, rows)
             h = layer(h, positions, core, 0, out_mods[j])
+        if cut == s.n_out and rows is not None:
+            h = _select_rows(h, rows)
         return self.final_norm(h) if self.final_norm is not None else h
+
+
+def _select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """[..., T, (d)] -> [1, N, (d)]: the positions `rows` of the flattened leading dims."""
+    lead = x.dim() if x.dtype in (torch.long, torch.int) else x.dim() - 1
+    flat = x.reshape(-1, *x.shape[lead:])
+    return flat.index_select(0, rows.reshape(-1)).unsqueeze(0)
 
 
 @dataclass
@@ -171,6 +193,7 @@ class LoopedForCausalLM(nn.Module):
         segment_ids: torch.Tensor | None = None,  # [B, T]; attention never crosses documents
         loop_readouts: bool = False,
         parent_ids: torch.Tensor | None = None,  # [B, T]; a segment also sees its parent segment (shared prompts)
+        logit_rows: torch.Tensor | None = None,  # [N] (or [1, N]) indices into the flattened [B * T] positions
     ) -> torch.Tensor | list[torch.Tensor]:
         """Teacher-forced logits [B, T, V] (float32) at loop count k.
 
@@ -180,6 +203,10 @@ class LoopedForCausalLM(nn.Module):
         With `loop_readouts`, one pass of k loops returns k logits tensors: the output block and
         head applied to the state after each loop (the last one is the plain forward's logits).
         Without loop conditioning, readout i equals the model run at k = i.
+
+        With `logit_rows`, the logits are [1, N, V]: those positions' only, in that order (the same
+        values as the full logits' rows), and the work after the output block's last attention is
+        done for them alone (`Backbone.output_block`).
         """
         k = self._check_k(k)
         if positions is None:
@@ -190,7 +217,15 @@ class LoopedForCausalLM(nn.Module):
             core = SegmentCore(positions, segment_ids, parent_ids)
         else:
             core = DenseCore(positions, segment_ids)
-        h = self.backbone(self.backbone.embeddings(input_ids), positions, core, k, readouts=loop_readouts)
+        if logit_rows is not None:
+            logit_rows = logit_rows.reshape(-1)
+            n = input_ids.numel()
+            if logit_rows.numel() == 0 or int(logit_rows.min()) < 0 or int(logit_rows.max()) >= n:
+                raise ValueError(f"logit_rows must be one or more indices into the {n} positions of input_ids, "
+                                 f"got {logit_rows.numel()} in [{int(logit_rows.min()) if logit_rows.numel() else '-'}, "
+                                 f"{int(logit_rows.max()) if logit_rows.numel() else '-'}]")
+        h = self.backbone(self.backbone.embeddings(input_ids), positions, core, k, readouts=loop_readouts,
+                          rows=logit_rows)
         return [self.lm_head(x) for x in h] if loop_readouts else self.lm_head(h)
 
     def token_logprobs(self, input_ids: torch.Tensor, k: int | None = None, **kw) -> torch.Tensor:

@@ -36,9 +36,12 @@ def _predictor_rows(pred_index: torch.Tensor | None, B: int, T: int, device: tor
 
 
 def at_predictors(per_position: torch.Tensor, pred_index: torch.Tensor | None = None) -> torch.Tensor:
-    """A per-position quantity of the logits [B, T] (an entropy), taken where each token is predicted."""
+    """A per-position quantity of the logits [B, T] (an entropy), taken where each token is predicted.
+    Logits of selected positions only ([1, N], `logit_rows`): `pred_index` indexes those N, and the
+    result has pred_index's shape."""
     B, T = per_position.shape
-    return per_position.reshape(-1)[_predictor_rows(pred_index, B, T, per_position.device)].reshape(B, T)
+    out = per_position.reshape(-1)[_predictor_rows(pred_index, B, T, per_position.device)]
+    return out.reshape(pred_index.shape if pred_index is not None else (B, T))
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, pred_index: torch.Tensor | None = None
@@ -46,14 +49,15 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, pred_index: to
     """log pi(x_t | context) for every position t: [B, T].
 
     The logits at row position `pred_index[b, t]` predict token t (default t - 1: one sequence per
-    row; position 0 then gets a meaningless value and must be masked). Uses logsumexp on the
-    logits rather than a [B, T, V] log_softmax.
+    row; position 0 then gets a meaningless value and must be masked). Logits of selected positions
+    only ([1, N, V], the model's `logit_rows`): `pred_index` then indexes those N rows. Uses
+    logsumexp on the logits rather than a [B, T, V] log_softmax; the result has input_ids' shape.
     """
     B, T, V = logits.shape
     rows = _predictor_rows(pred_index, B, T, logits.device)
     flat = logits.reshape(B * T, V)
     picked = flat[rows, input_ids.reshape(-1)]
-    return (picked - flat.logsumexp(-1)[rows]).reshape(B, T)
+    return (picked - flat.logsumexp(-1)[rows]).reshape(input_ids.shape)
 
 
 def aggregate(

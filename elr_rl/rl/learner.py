@@ -20,7 +20,7 @@ from elr_rl.rl.config import RLConfig
 from elr_rl.rl.messages import StepResult
 
 
-_MODEL_INPUTS = ("positions", "segment_ids", "parent_ids")
+_MODEL_INPUTS = ("positions", "segment_ids", "parent_ids", "logit_rows")
 
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -29,9 +29,13 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def targets(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(loss mask, pred_index) of a microbatch: a packed row says which logits predict each token; in a
-    row of its own, a token is predicted by the one before it and the first token is never trained."""
+    """(loss mask, predictor index) of a microbatch: a packed row says which logits predict each token
+    (`logit_index` into the rows the model computed logits for, `logit_rows`, where it has them; else
+    `pred_index` into the whole row); in a row of its own, a token is predicted by the one before it
+    and the first token is never trained."""
     mask = batch["loss_mask"]
+    if batch.get("logit_rows") is not None:
+        return mask, batch["logit_index"]
     if batch.get("pred_index") is None:
         mask = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, 1:]], dim=1)
     return mask, batch.get("pred_index")
@@ -174,7 +178,7 @@ class LearnerRank:
                     for mb in microbatches:
                         batch = self.engine.to_device(mb)
                         mb["old_logp"] = grpo.token_logprobs(self.engine.forward(batch, mb["k"]), batch["input_ids"],
-                                                             batch.get("pred_index"))
+                                                             targets(batch)[1])
             stats: list[dict[str, float]] = []
             losses: list[float] = []
             grad_norm = float("nan")

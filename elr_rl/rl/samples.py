@@ -183,8 +183,21 @@ def pack(samples: list[TrainSample], global_denominator: float, share_prompts: b
             seg += 1
     out = {name: torch.tensor([cols[name]], dtype=torch.long) for name in _PACK_LONG}
     out |= {name: torch.tensor([cols[name]], dtype=torch.float32) for name in _PACK_FLOAT}
+    out |= logit_selection(cols["pred_index"], cols["loss_mask"])
     out["global_denominator"] = torch.tensor(global_denominator)
     return out
+
+
+def logit_selection(pred_index: list[int], loss_mask: list[float]) -> dict[str, torch.Tensor]:
+    """The positions whose logits a packed row trains on (`logit_rows` [1, N]: those predicting a trained
+    token, in order) and where each token's predictor sits among them (`logit_index` [1, T]; 0 for an
+    untrained token, which the mask drops). The model then computes the head, and the sublayers after
+    its last attention, for those rows alone: a shared prompt's positions predict nothing trained but
+    its last one predicts the first completion token."""
+    rows = sorted({p for p, m in zip(pred_index, loss_mask) if m > 0}) or [0]
+    where = {r: i for i, r in enumerate(rows)}
+    return {"logit_rows": torch.tensor([rows], dtype=torch.long),
+            "logit_index": torch.tensor([[where.get(p, 0) for p in pred_index]], dtype=torch.long)}
 
 
 def learner_batches(samples: list[TrainSample], world_size: int, depth: Callable[[int], int],

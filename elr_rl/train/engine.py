@@ -196,10 +196,13 @@ class TrainEngine:
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def forward(self, batch: dict, k: int, loop_readouts: bool = False) -> torch.Tensor | list[torch.Tensor]:
-        """Logits [B, T, V] (float32) of a packed batch at loop count k (`loop_readouts`: one per loop)."""
+        """Logits [B, T, V] (float32) of a packed batch at loop count k (`loop_readouts`: one per loop);
+        [1, N, V] where the batch names the N positions it needs (`logit_rows`)."""
         extra = {"loop_readouts": True} if loop_readouts else {}  # the plain call stays as it was
         if batch.get("parent_ids") is not None:  # packed RL groups: a prompt shared by its completions
             extra["parent_ids"] = batch["parent_ids"]
+        if batch.get("logit_rows") is not None:  # logits only where a trained token is predicted
+            extra["logit_rows"] = batch["logit_rows"]
         return self.engine(batch["input_ids"], k=k, positions=batch.get("positions"),
                            segment_ids=batch.get("segment_ids"), **extra)
 

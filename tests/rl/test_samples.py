@@ -182,6 +182,11 @@ def test_a_shared_prompt_is_packed_once_and_each_tail_continues_it():
     assert row("loss_mask") == [0, 0, 0, 1, 1, 1, 0, 0, 0, 1]
     assert row("rollout_logp")[3:6] == [-1.0, -2.0, -3.0] and row("advantages")[5] == -1.0
     assert row("sequence_ids") == [-1, -1, -1, 0, 0, 1, 2, 2, 2, 2]
+    # logits only where a trained token is predicted: the shared prompt's last token (twice), a tail's
+    # own tokens, the other prompt's last; logit_index says which of them predicts each token
+    assert row("logit_rows") == [2, 3, 8]
+    index = row("logit_index")
+    assert [index[t] for t in (3, 4, 5, 9)] == [0, 1, 0, 2]
     assert pack(s, 4.0, share_prompts=False)["input_ids"].shape[1] == 13  # every sample whole
     empty = TrainSample([], [], [], 1.0, k=1)
     assert pack(s + [empty], 4.0)["input_ids"].shape[1] == 10  # nothing to compute
