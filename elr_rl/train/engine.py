@@ -94,11 +94,32 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
 
 
 def cross_entropy_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
-    """Mean next-token cross entropy over positions whose label is not IGNORE_INDEX."""
+    """Mean next-token cross entropy over positions whose label is not IGNORE_INDEX.
+
+    With the batch's `logit_rows` (`with_label_rows`), `logits` are those positions' only ([1, N, V])."""
     labels = batch["labels"]
+    if batch.get("logit_rows") is not None:
+        labels = labels.reshape(-1).index_select(0, batch["logit_rows"].reshape(-1)).unsqueeze(0)
     if not bool((labels != IGNORE_INDEX).any()):
         return logits.sum() * 0.0  # no target in this microbatch: zero loss, graph kept for DeepSpeed
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def with_label_rows(batch: dict) -> dict:
+    """The batch with `logit_rows`: the flattened positions that have a label, where some have none.
+
+    The model then runs its head (and the output block's sublayers after its last attention) on those
+    rows only, and `cross_entropy_loss` takes the same mean: an SFT row's prompt, whose labels are all
+    IGNORE_INDEX, costs no head work and no [T, V] logits (at a 151k vocabulary the head is the largest
+    matrix product of a step, and its logits the largest activation). A batch with a label everywhere,
+    or none anywhere, is returned as it was."""
+    labels = batch.get("labels")
+    if labels is None or batch.get("logit_rows") is not None:
+        return batch
+    rows = (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+    if rows.numel() == 0 or rows.numel() == labels.numel():
+        return batch
+    return {**batch, "logit_rows": rows}
 
 
 def _grad_norm(params) -> float:
@@ -250,6 +271,8 @@ class TrainEngine:
             if loss_fn is cross_entropy_loss and self.cfg.loop_aux.enabled:  # pretrain/SFT option, never RL
                 loss, logged = self.loop_aux_loss(batch, k)
             else:
+                if loss_fn is cross_entropy_loss:  # pretrain/SFT: logits only where a label is
+                    batch = with_label_rows(batch)
                 loss = logged = loss_fn(self.forward(batch, k, getattr(loss_fn, "loop_readouts", False)), batch)
             self.engine.backward(loss)  # gradients are all-reduced here at the accumulation boundary
             if i == len(ks) - 1 and self._plain_optimizer:
@@ -267,6 +290,8 @@ class TrainEngine:
         """Loss of one batch at loop count k, without gradients (all ranks must call it under ZeRO-3)."""
         self.engine.eval()
         batch = self.to_device(batch)
+        if loss_fn is cross_entropy_loss:
+            batch = with_label_rows(batch)
         return float(loss_fn(self.forward(batch, k), batch))
 
     # ------------------------------------------------------------------ weight surgery

@@ -65,3 +65,27 @@ def test_logit_rows_outside_the_input_are_refused(rows):
     ids, extra = _packed(model.config.vocab_size)
     with pytest.raises(ValueError, match="logit_rows must be one or more indices into the 19 positions"):
         model(ids, k=2, logit_rows=rows, **extra)
+
+
+@pytest.mark.parametrize("name", ["elr", "dory_ends_in_attention", "ngpt_conditioned"])
+def test_rows_of_a_padded_batch_index_its_flattened_positions(name):
+    """A [B, T] batch of packed documents (the pretraining and SFT layout, dense attention within each
+    segment): rows index the flattened B * T positions, across rows of the batch."""
+    torch.manual_seed(0)
+    model = LoopedForCausalLM(CONFIGS[name]())
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, model.config.vocab_size, (3, 8), generator=g)
+    segments = torch.tensor([[0] * 5 + [1] * 3, [0] * 8, [0] * 2 + [1] * 6])
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2], list(range(8)), [0, 1, 0, 1, 2, 3, 4, 5]])
+    rows = torch.tensor([4, 6, 7, 8, 15, 17, 23])
+    model.zero_grad()
+    full = model(ids, k=2, positions=positions, segment_ids=segments)
+    full.reshape(-1, full.shape[-1])[rows].square().sum().backward()
+    g_full = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad()
+    sel = model(ids, k=2, positions=positions, segment_ids=segments, logit_rows=rows)
+    sel.square().sum().backward()
+    g_sel = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert sel.shape == (1, len(rows), model.config.vocab_size)
+    torch.testing.assert_close(sel[0], full.reshape(-1, full.shape[-1])[rows], rtol=1e-5, atol=1e-5)
+    assert float((g_sel - g_full).norm() / g_full.norm()) < 1e-5

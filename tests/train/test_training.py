@@ -337,3 +337,54 @@ def test_serving_weights_are_the_masters_rounded_to_the_asked_dtype(precision, s
         assert res[name] == {"names": True, "dtypes": [dtype], "equal": True}, res
     assert res["moved"] > 0, res  # the steps changed every tensor as served
     assert res["shipped"] is True, res  # and safetensors serialises them (no shared-storage refusal)
+
+
+LABEL_ROWS_PROBE = """
+from elr_rl.train.engine import cross_entropy_loss, with_label_rows
+from elr_rl.train.labels import IGNORE_INDEX
+precision = sys.argv[1]
+train_cfg = TrainConfig(engine=EngineConfig(accelerator="cpu", precision=precision),
+                        optim=OptimConfig(lr=1e-2, grad_clip=0.5), run=TrainRunConfig(seed=0))
+engine = TrainEngine(cfg, train_cfg, 0, 1)
+sft = []
+for b in batches[:2]:  # an SFT-like batch: each row's first 9 labels are its prompt's (ignored)
+    b = dict(b)
+    b["labels"] = b["labels"].clone()
+    b["labels"][:, :9] = IGNORE_INDEX
+    sft.append(b)
+sft[1]["labels"][1] = IGNORE_INDEX  # a row with no target at all
+head_rows = []
+hook = engine.model.lm_head.register_forward_hook(lambda m, a, o: head_rows.append(a[0].shape[:-1].numel()))
+with torch.no_grad():  # the reference: full logits, IGNORE_INDEX in the loss
+    ref = [float(cross_entropy_loss(engine.engine(b["input_ids"], k=k), b)) for b, k in zip(sft, (1, 3))]
+    ref_eval = float(cross_entropy_loss(engine.engine(sft[0]["input_ids"], k=2), sft[0]))
+head_rows.clear()
+out = engine.train_step(sft, [1, 3], 1e-2)
+train_rows = list(head_rows)
+head_rows.clear()
+engine.train_step(batches[:1], [2], 1e-2)  # pretraining: a label everywhere, the full head
+pretrain_rows = list(head_rows)
+hook.remove()
+engine_eval = engine.eval_loss(sft[0], 2)
+with torch.no_grad():
+    ref_eval_after = float(cross_entropy_loss(engine.engine(sft[0]["input_ids"], k=2), sft[0]))
+unchanged = with_label_rows(batches[0]) is batches[0]
+print("ROWS " + json.dumps({"ref": ref, "losses": out["losses"], "train_rows": train_rows,
+                            "pretrain_rows": pretrain_rows, "targets": [int((b["labels"] != -100).sum()) for b in sft],
+                            "eval": engine_eval, "ref_eval": ref_eval_after, "unchanged": unchanged}))
+engine.close()
+release_process_groups()
+"""
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sft_loss_runs_the_head_only_on_labelled_positions(precision):
+    """Pretraining and SFT microbatches run the LM head only where a label is (`with_label_rows`), and the
+    loss is the one full logits with IGNORE_INDEX give: an SFT prompt costs no head work or logits."""
+    res = _run_probe(LABEL_ROWS_PROBE, "ROWS", precision)
+    assert res["train_rows"] == res["targets"] == [14, 7], res  # 2 rows x 7 targets; one row without any
+    assert res["pretrain_rows"] == [32], res  # labels everywhere: the batch as it was
+    assert res["unchanged"] is True
+    tol = 1e-5 if precision == "fp32" else 2e-2
+    assert all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(res["losses"], res["ref"])), res
+    assert abs(res["eval"] - res["ref_eval"]) <= tol * max(1.0, abs(res["ref_eval"])), res
