@@ -1,25 +1,39 @@
-"""Rollout benchmark: vLLM against the PyTorch model's generate() on an RL-like batch, against the hardware.
+"""Rollout benchmark: vLLM against the PyTorch model's generate() on a rollout request, against the hardware.
 
-    python scripts/bench_rollout.py [--hidden 1024 --batch 8 --samples 8 --new-tokens 128 --threads 1 2 --cpu-gemm onednn torch]
+    python scripts/bench_rollout.py [--hidden 1024 --batch 32 --samples 16 --new-tokens 128 --threads 1 2]
 
-The batch is what an RL step generates: --batch chat prompts of mixed lengths (--prompt-bytes lo hi),
-each sampled --samples times (the GRPO group; 8 x 8 = 64 sequences, as in scripts/bench_rl.py),
-completions sampled at temperature 1 that stop at the checkpoint's stop token (the model's
-stop-token logit is calibrated so lengths spread like an RL run's: most short, some capped at
---new-tokens). A plain decoder keeps computing rows that have finished, pads every prompt to the
-longest one and prefills a prompt once per sample; vLLM does none of these (a group's samples share
-their prompt's whole KV blocks). Throughput counts useful tokens only (those up to each
-row's stop token), so the ratio vLLM / PyTorch includes the work the plain decoder wastes.
+The batch is one rollout request as the RL workers send it with configs/rl_dory4b.yaml
+(prompts_per_request 32 x group_size 16 = 512 sequences, all in flight: the worker sets
+max_num_seqs to the request's size): --batch chat prompts of mixed lengths (--prompt-bytes lo hi),
+each sampled --samples times, completions sampled at temperature 1 that stop at the checkpoint's
+stop token (the model's stop-token logit is calibrated so lengths spread like an RL run's: most
+short, some capped at --new-tokens). Throughput counts useful tokens only (those up to each
+row's stop token).
 
-Decode MFU = model FLOPs per generated token x tokens/s / ceiling (total MFU adds the prompts'
-prefill FLOPs, which decode MFU leaves out), where FLOPs per token =
-2 x (matmul parameters, recurrent ones once per loop) + 4 x (attention executions) x heads x
-head_dim x mean context, and the ceiling is a matrix product timed in this run with the same
-threads and dtype. The dtype is the one whose measured ceiling is higher (bf16 is not assumed
-faster: an AVX2-only CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
+vLLM against generate(): both run the first --compare-prompts prompts, --compare-samples times each
+(8 x 8 = 64 rows: eight prompts' lengths, not four, set how long the batch runs; generate() on all
+512 rows took 620 s at k = 4 on one thread, 32 useful tokens/s, no faster per token than on 64). A plain decoder keeps computing rows that have finished, pads every prompt to
+the longest one and prefills a prompt once per sample; vLLM does none of these (a group's samples
+share their prompt's whole KV blocks), so the ratio includes the work the plain decoder wastes,
+printed beside it.
+
+Against the hardware (vLLM on the whole request), each a share of a matrix product's rate timed
+in this run with the same threads and dtype (the ceiling):
+- decode MFU: FLOPs per generated token x generated tokens / the request's whole time, where FLOPs
+  per token = 2 x (matmul parameters, recurrent ones once per loop) + 4 x (attention executions) x
+  heads x head_dim x mean context. The prefill's time counts against it.
+- decode MFU, decode time: the same FLOPs (less each sequence's first token, which the prefill
+  samples) over the request's time less the time of its prefill alone, measured in the same run as
+  the same request with max_tokens = 1 (serving benchmarks' time per output token).
+- total MFU: decode and prefill FLOPs (the prompt tokens vLLM computes) over the whole time.
+- full-batch decode MFU: a decode step with all of the request's sequences running (the stop token
+  ignored; the time at 48 tokens less the time at 16, over the 32 steps between), the steady state
+  vLLM keeps while more requests wait than it has slots.
+The dtype is the one whose measured ceiling is higher (bf16 is not assumed faster: an AVX2-only
+CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
 
 On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights (`EngineOptions.cpu_gemm`);
---cpu-gemm onednn torch (the default) also runs the engine with torch's F.linear and prints the ratio.
+--cpu-gemm onednn torch also runs the engine with torch's F.linear and prints the ratio.
 
 Prints a table per thread count, then one line of JSON. Timings on a shared machine are noisy.
 """
@@ -44,8 +58,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=1024, help="hidden size (1024: about 47M parameters)")
     p.add_argument("--heads", type=int, default=16, help="attention heads (head_dim = hidden / heads)")
-    p.add_argument("--batch", type=int, default=8, help="prompts per batch")
-    p.add_argument("--samples", type=int, default=8, help="completions per prompt (the GRPO group size)")
+    p.add_argument("--batch", type=int, default=32, help="prompts per request (rollout.prompts_per_request)")
+    p.add_argument("--samples", type=int, default=16, help="completions per prompt (rollout.group_size)")
+    p.add_argument("--compare-prompts", type=int, default=8,
+                   help="prompts both engines run for the vLLM / generate() ratio (the request's first ones)")
+    p.add_argument("--compare-samples", type=int, default=8, help="samples of each of those prompts")
     p.add_argument("--prompt-bytes", type=int, nargs=2, default=(20, 160), help="prompt text length range")
     p.add_argument("--new-tokens", type=int, default=128, help="completion cap (max_tokens)")
     p.add_argument("--mean-tokens", type=float, default=40, help="target mean completion length")
@@ -53,12 +70,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ks", type=int, nargs="+", default=[1, 4])
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM KV-cache block size (default: the engine's, 32 on CPU; 128 is vLLM-CPU's own)")
-    p.add_argument("--cpu-gemm", nargs="+", default=["onednn", "torch"], choices=["onednn", "torch"],
+    p.add_argument("--cpu-gemm", nargs="+", default=["onednn"], choices=["onednn", "torch"],
                    help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, or torch's F.linear); "
                         "the first is the one compared with PyTorch, each other adds rows `vllm-<gemm>` and a ratio")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 1 <= args.compare_prompts <= args.batch:
+        p.error(f"--compare-prompts {args.compare_prompts} must be in 1..--batch ({args.batch})")
+    if args.compare_samples < 1:
+        p.error(f"--compare-samples {args.compare_samples} must be at least 1")
+    return args
 
 
 # ------------------------------------------------------------------------------ the hardware
@@ -179,10 +201,10 @@ def useful_tokens(rows: list[list[int]], stops: set[int]) -> list[int]:
     return out
 
 
-def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args) -> dict:
+def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args, samples: int) -> dict:
     """generate() on the batch left-padded to its longest prompt (masked: each row samples as it would alone,
     as in vLLM); it stops when every row has stopped."""
-    prompts = [p for p in prompts for _ in range(args.samples)]  # a group's rows side by side, as RL batches them
+    prompts = [p for p in prompts for _ in range(samples)]  # a group's rows side by side, as RL batches them
     width = max(len(p) for p in prompts)
     batch = torch.tensor([[codec.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -198,15 +220,48 @@ def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args) -> dict:
             "prompt_tokens_computed": len(prompts) * width}
 
 
-def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args) -> dict:
+def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args, samples: int,
+               time_prefill: bool = False) -> dict:
+    """One request from a cold prefix cache; with `time_prefill`, first the same request with max_tokens = 1
+    (the prefill alone, from a cold cache too)."""
     engine.set_k(k)
+    prefill_s = None
+    if time_prefill:
+        engine.drop_cached_prefixes()
+        start = time.perf_counter()
+        engine.generate(prompts, n=samples, max_tokens=1, temperature=1.0)
+        prefill_s = time.perf_counter() - start
+    engine.drop_cached_prefixes()
     start = time.perf_counter()
-    groups = engine.generate(prompts, n=args.samples, max_tokens=args.new_tokens, temperature=1.0,
+    groups = engine.generate(prompts, n=samples, max_tokens=args.new_tokens, temperature=1.0,
                              stop_token_ids=codec.stop_token_ids)
     seconds = time.perf_counter() - start
     lengths = [len(c.token_ids) for g in groups for c in g.completions]
     return {"seconds": seconds, "tokens": sum(lengths), "computed": sum(lengths), "lengths": lengths,
-            "prompt_tokens_computed": sum(prefilled(len(p), args.samples, engine) for p in prompts)}
+            "prompt_tokens_computed": sum(prefilled(len(p), samples, engine) for p in prompts),
+            "prefill_seconds": prefill_s}
+
+
+def full_batch_decode(engine, prompts: list[list[int]], k: int, args) -> dict:
+    """A decode step's time with every sequence of the request running (none stops: the stop token is
+    ignored): the request's time at max_tokens = lengths[1] less its time at lengths[0], both from a
+    cold prefix cache, over the steps between. The steady state vLLM keeps while requests queue."""
+    from vllm import SamplingParams
+
+    engine.set_k(k)
+    last = min(48, args.new_tokens)  # within the engine's max_model_len
+    lengths = (max(1, last // 3), last)
+    seconds = []
+    for n in lengths:
+        params = SamplingParams(n=args.samples, max_tokens=n, temperature=1.0, ignore_eos=True, logprobs=0,
+                                detokenize=False)
+        engine.drop_cached_prefixes()
+        start = time.perf_counter()
+        engine.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        seconds.append(time.perf_counter() - start)
+    steps = lengths[1] - lengths[0]
+    return {"step_seconds": (seconds[1] - seconds[0]) / steps, "rows": len(prompts) * args.samples,
+            "context": sum(map(len, prompts)) / len(prompts) + sum(lengths) / 2}
 
 
 def prefilled(length: int, n: int, engine) -> int:
@@ -218,17 +273,27 @@ def prefilled(length: int, n: int, engine) -> int:
     return length + (n - 1) * (length - shared)
 
 
-def summarise(run: dict, model, k: int, mean_prompt: float, ceiling: float) -> dict:
-    tps = run["tokens"] / run["seconds"]
-    ctx = mean_prompt + 0.5 * sum(run["lengths"]) / len(run["lengths"])
-    gflops = decode_flops(model, k, ctx) * run["computed"] / run["seconds"] / 1e9
+def summarise(run: dict, model, k: int, prompts: list[list[int]], ceiling: float) -> dict:
+    mean_prompt = sum(len(p) for p in prompts) / len(prompts)
+    seconds, n_rows = run["seconds"], len(run["lengths"])
+    per_token = decode_flops(model, k, mean_prompt + 0.5 * sum(run["lengths"]) / n_rows)
+    gflops = per_token * run["computed"] / seconds / 1e9
     # The prompts' prefill is work too (not in decode MFU): counted in the total rate.
     prefill = decode_flops(model, k, mean_prompt / 2) * run["prompt_tokens_computed"]
-    total = (decode_flops(model, k, ctx) * run["computed"] + prefill) / run["seconds"] / 1e9
-    return {"tokens_per_s": round(tps, 1), "total_gflops": round(total, 2), "total_mfu": round(total / ceiling, 3),
-            "mean_len": round(sum(run["lengths"]) / len(run["lengths"]), 1),
-            "max_len": max(run["lengths"]), "waste": round(1 - run["tokens"] / run["computed"], 3),
-            "gflops": round(gflops, 2), "mfu": round(gflops / ceiling, 3)}
+    total = (per_token * run["computed"] + prefill) / seconds / 1e9
+    out = {"tokens_per_s": round(run["tokens"] / seconds, 1), "seconds": round(seconds, 2),
+           "mean_len": round(sum(run["lengths"]) / n_rows, 1), "max_len": max(run["lengths"]),
+           "capped": sum(n >= run.get("cap", 1 << 30) for n in run["lengths"]),
+           "waste": round(1 - run["tokens"] / run["computed"], 3),
+           "gflops": round(gflops, 2), "mfu": round(gflops / ceiling, 3),
+           "total_gflops": round(total, 2), "total_mfu": round(total / ceiling, 3)}
+    if run.get("prefill_seconds") is not None:
+        # Each sequence's first token comes from the prefill's logits: the decode steps make the rest.
+        decode_s = seconds - run["prefill_seconds"]
+        decode = per_token * (run["computed"] - n_rows) / decode_s / 1e9
+        out.update(prefill_seconds=round(run["prefill_seconds"], 2), decode_gflops=round(decode, 2),
+                   decode_time_mfu=round(decode / ceiling, 3))
+    return out
 
 
 def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, args) -> dict:
@@ -236,23 +301,28 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
 
     torch.set_num_threads(threads)
     rates = [matmul_gflops(getattr(torch, dtype))]  # re-measured between runs; the best is the ceiling
-    mean_prompt = sum(len(p) for p in prompts) / len(prompts)
-    raw: dict = {"pytorch": {}, "vllm": {}}
+    few = prompts[: args.compare_prompts]  # the rows both engines run for the ratio
+    raw: dict = {"pytorch": {}, "vllm": {}, "vllm_request": {}, "full_batch": {}}
+    full_batch = raw.pop("full_batch")
     with torch.inference_mode():
         for k in args.ks:
-            raw["pytorch"][k] = bench_pytorch(model, prompts, codec, k, args)
+            raw["pytorch"][k] = bench_pytorch(model, few, codec, k, args, args.compare_samples)
             rates.append(matmul_gflops(getattr(torch, dtype)))
     for i, gemm in enumerate(args.cpu_gemm):
-        name = "vllm" if i == 0 else f"vllm-{gemm}"
-        raw[name] = {}
+        name = "vllm_request" if i == 0 else f"vllm_request-{gemm}"
+        raw.setdefault(name, {})
         opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens,
                              max_num_seqs=len(prompts) * args.samples, cpu_threads=threads,
                              block_size=args.block_size, cpu_gemm=gemm)
         engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
         try:
-            bench_vllm(engine, prompts[:4], codec, 1, args)  # warm-up
+            bench_vllm(engine, prompts[:4], codec, 1, args, 4)  # warm-up
             for k in args.ks:
-                raw[name][k] = bench_vllm(engine, prompts, codec, k, args)
+                if i == 0:
+                    raw["vllm"][k] = bench_vllm(engine, few, codec, k, args, args.compare_samples)
+                raw[name][k] = bench_vllm(engine, prompts, codec, k, args, args.samples, time_prefill=True)
+                if i == 0:
+                    full_batch[k] = full_batch_decode(engine, prompts, k, args)
             kv = {f"k{k}": engine.kv_bytes_per_token(k) for k in args.ks}
         finally:
             engine.shutdown()
@@ -262,13 +332,20 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
     res: dict = {"threads": threads, "ceiling_gflops": round(ceiling, 2),
                  "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv}
     for name, runs in raw.items():
-        res[name] = {f"k{k}": summarise(run, model, k, mean_prompt, ceiling) for k, run in runs.items()}
+        rows = few if name in ("pytorch", "vllm") else prompts
+        res[name] = {f"k{k}": summarise({**run, "cap": args.new_tokens}, model, k, rows, ceiling)
+                     for k, run in runs.items()}
+    res["vllm_full_batch"] = {}
+    for k, run in full_batch.items():
+        rate = decode_flops(model, k, run["context"]) * run["rows"] / run["step_seconds"] / 1e9
+        res["vllm_full_batch"][f"k{k}"] = {"rows": run["rows"], "step_ms": round(1e3 * run["step_seconds"], 1),
+                                           "gflops": round(rate, 2), "mfu": round(rate / ceiling, 3)}
     res["ratio_vllm_over_pytorch"] = {
         kk: round(res["vllm"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2) for kk in res["vllm"]}
-    for gemm in args.cpu_gemm[1:]:  # the first matmul over each other one, same batch, same run
-        other = res[f"vllm-{gemm}"]
+    for gemm in args.cpu_gemm[1:]:  # the first matmul over each other one, same request, same run
+        other = res[f"vllm_request-{gemm}"]
         res[f"ratio_{args.cpu_gemm[0]}_over_{gemm}"] = {
-            kk: round(res["vllm"][kk]["tokens_per_s"] / other[kk]["tokens_per_s"], 2) for kk in other}
+            kk: round(res["vllm_request"][kk]["tokens_per_s"] / other[kk]["tokens_per_s"], 2) for kk in other}
     # The goal: ahead by at least the plain decoder's waste, computed / useful tokens.
     res["plain_waste_factor"] = {kk: round(1 / (1 - res["pytorch"][kk]["waste"]), 2) for kk in res["pytorch"]}
     return res
@@ -282,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         model, codec, prompts = build_checkpoint(args, ckpt)
         model = model.to(getattr(torch, dtype))
         result: dict = {"model_params": model.num_parameters(), "dtype": dtype, "dtype_reason": why,
-                        "batch": args.batch, "samples": args.samples, "block_size": args.block_size, "cpu_gemm": args.cpu_gemm,
+                        "batch": args.batch, "samples": args.samples, "compare_prompts": args.compare_prompts,
+                        "compare_samples": args.compare_samples,
+                        "block_size": args.block_size, "cpu_gemm": args.cpu_gemm,
                         "new_tokens_cap": args.new_tokens,
                         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "runs": []}
         for threads in args.threads:
@@ -293,16 +372,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(r: dict, head: dict) -> None:
-    print(f"\n{head['model_params'] / 1e6:.1f}M parameters, {head['dtype']}, {head['batch']} prompts x "
-          f"{head['samples']} samples, prompts of {head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, "
-          f"cap {head['new_tokens_cap']}; "
+    rows, few = head["batch"] * head["samples"], head["compare_prompts"] * head["compare_samples"]
+    print(f"\n{head['model_params'] / 1e6:.1f}M parameters, {head['dtype']}, prompts of "
+          f"{head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, cap {head['new_tokens_cap']}; "
           f"{r['threads']} thread(s), matmul ceiling {r['ceiling_gflops']} GFLOP/s")
-    print(f"{'':14s}{'useful tok/s':>10s}{'mean/max len':>14s}{'waste':>8s}{'GFLOP/s':>10s}{'MFU':>8s}"
-          f"{'+prefill MFU':>14s}")
-    for engine in [name for name in r if name.startswith("vllm")] + ["pytorch"]:
+    print(f"vLLM on the request ({head['batch']} prompts x {head['samples']} samples = {rows} sequences):")
+    print(f"{'':22s}{'useful tok/s':>13s}{'mean/max len':>14s}{'capped':>8s}{'decode MFU':>12s}"
+          f"{'decode-time MFU':>17s}{'total MFU':>11s}{'prefill s / all s':>19s}")
+    for engine in [name for name in r if name.startswith("vllm_request")]:
         for kk, s in r[engine].items():
-            print(f"{engine + ' ' + kk:14s}{s['tokens_per_s']:>14}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
-                  f"{s['waste']:>8}{s['gflops']:>10}{s['mfu']:>8.1%}{s['total_mfu']:>14.1%}")
+            print(f"{engine + ' ' + kk:22s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+                  f"{s['capped']:>8}{s['mfu']:>12.1%}{s['decode_time_mfu']:>17.1%}{s['total_mfu']:>11.1%}"
+                  f"{str(s['prefill_seconds']) + ' / ' + str(s['seconds']):>19s}")
+    print("vLLM decode with every sequence running (stop token ignored): " + ", ".join(
+        f"{kk} {s['step_ms']} ms a step of {s['rows']} rows, MFU {s['mfu']:.1%}" for kk, s in r["vllm_full_batch"].items()))
+    print(f"vLLM and generate() on the first {head['compare_prompts']} prompts x {head['compare_samples']} samples "
+          f"({few} sequences):")
+    print(f"{'':22s}{'useful tok/s':>13s}{'mean/max len':>14s}{'waste':>8s}{'decode MFU':>12s}")
+    for engine in ("vllm", "pytorch"):
+        for kk, s in r[engine].items():
+            print(f"{engine + ' ' + kk:22s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+                  f"{s['waste']:>8}{s['mfu']:>12.1%}")
     for kk, ratio in r["ratio_vllm_over_pytorch"].items():
         print(f"vLLM / PyTorch {kk}: {ratio}x (plain decoder computes {r['plain_waste_factor'][kk]}x the useful tokens)")
     for key in [name for name in r if name.startswith("ratio_") and name != "ratio_vllm_over_pytorch"]:

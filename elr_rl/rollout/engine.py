@@ -419,7 +419,7 @@ class RolloutEngine:
                              f"{self.options.speculative_draft_k} loops (options.speculative_draft_k)")
         self.llm.collective_rpc("elr_set_k", args=(int(k),))
         if int(k) != self.k:
-            self._drop_cached_prefixes()
+            self.drop_cached_prefixes()
         self.k = int(k)
 
     def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Path | bytes) -> float:
@@ -457,15 +457,15 @@ class RolloutEngine:
         finally:
             if staged:
                 os.unlink(path)
-        self._drop_cached_prefixes()
+        self.drop_cached_prefixes()
         self.weight_version += 1
         return time.perf_counter() - start
 
-    def _drop_cached_prefixes(self) -> None:
+    def drop_cached_prefixes(self) -> None:
         """Forget every cached prompt prefix: its KV was computed with other weights, or at another k (a
         block prefilled at k=1 holds no KV for loops 2..4 in per-loop mode). A hit would then give a
         request wrong logprobs (up to 0.26 nats seen at k=3 on a prefix cached at k=1). Called between
-        requests, where no block is in use."""
+        requests, where no block is in use. Benchmarks call it too, to time a request from a cold cache."""
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("the prefix cache could not be reset (a request still holds blocks)")
 

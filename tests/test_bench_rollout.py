@@ -1,0 +1,56 @@
+"""scripts/bench_rollout.py's arithmetic: what its MFU columns divide by what (the figures in the README)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_rollout  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    from elr_rl.model import ElrConfig, LoopedForCausalLM
+
+    return LoopedForCausalLM(ElrConfig(hidden_size=64, intermediate_size=176, n_recurrent_layers=2))
+
+
+def test_decode_time_mfu_takes_the_prefill_time_and_first_tokens_out(model):
+    prompts = [[1] * 30, [1] * 50]  # mean prompt 40
+    lengths = [10, 30, 64, 64]  # two rows stopped at the cap
+    # microseconds, so that the rounded GFLOP/s figures of a tiny model keep their digits
+    run = {"seconds": 10e-6, "tokens": 168, "computed": 168, "lengths": lengths, "prompt_tokens_computed": 120,
+           "prefill_seconds": 2e-6, "cap": 64}
+    ceiling = 1e4
+    s = bench_rollout.summarise(run, model, 2, prompts, ceiling=ceiling)
+    per_token = bench_rollout.decode_flops(model, 2, 40 + 0.5 * 42)
+    assert s["gflops"] == pytest.approx(per_token * 168 / 10e-6 / 1e9, rel=1e-3)
+    assert s["mfu"] == pytest.approx(s["gflops"] / ceiling, abs=1e-3)
+    # every sequence's first token is sampled by the prefill: 168 - 4 tokens in 10 - 2 microseconds
+    assert s["decode_gflops"] == pytest.approx(per_token * 164 / 8e-6 / 1e9, rel=1e-3)
+    assert s["decode_time_mfu"] == pytest.approx(s["decode_gflops"] / ceiling, abs=1e-3)
+    assert s["decode_time_mfu"] > s["mfu"]
+    prefill = bench_rollout.decode_flops(model, 2, 20) * 120
+    assert s["total_gflops"] == pytest.approx((per_token * 168 + prefill) / 10e-6 / 1e9, rel=1e-3)
+    assert s["capped"] == 2 and s["max_len"] == 64 and s["waste"] == 0.0
+
+
+def test_a_run_without_its_prefill_timed_has_no_decode_time_column(model):
+    run = {"seconds": 4.0, "tokens": 60, "computed": 200, "lengths": [20, 40], "prompt_tokens_computed": 50}
+    s = bench_rollout.summarise(run, model, 1, [[1] * 8], ceiling=1.0)
+    assert "decode_time_mfu" not in s
+    assert s["waste"] == pytest.approx(0.7)  # the plain decoder computed 200 tokens for 60 useful ones
+    assert s["tokens_per_s"] == 15.0
+
+
+def test_compared_prompts_must_be_part_of_the_request():
+    with pytest.raises(SystemExit):
+        bench_rollout.parse_args(["--batch", "4", "--compare-prompts", "5"])
+    assert bench_rollout.parse_args([]).batch * bench_rollout.parse_args([]).samples == 512
+
+
+def test_useful_tokens_stop_at_the_first_stop_id():
+    assert bench_rollout.useful_tokens([[5, 6, 9, 9], [5, 6, 7, 8], [9]], {9}) == [3, 4, 1]
