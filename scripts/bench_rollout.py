@@ -12,10 +12,10 @@ row's stop token).
 
 vLLM against generate(): both run the first --compare-prompts prompts, --compare-samples times each
 (8 x 8 = 64 rows: eight prompts' lengths, not four, set how long the batch runs; generate() on all
-512 rows took 620 s at k = 4 on one thread, 32 useful tokens/s, no faster per token than on 64). A plain decoder keeps computing rows that have finished, pads every prompt to
-the longest one and prefills a prompt once per sample; vLLM does none of these (a group's samples
-share their prompt's whole KV blocks), so the ratio includes the work the plain decoder wastes,
-printed beside it.
+512 rows took 620 s at k = 4 on one thread, 32 useful tokens/s, no faster per token than on 64).
+A plain decoder keeps computing rows that have finished, pads every prompt to the longest one and
+prefills a prompt once per sample; vLLM does none of these (a group's samples share their prompt's
+whole KV blocks), so the ratio includes the work the plain decoder wastes, printed beside it.
 
 Against the hardware (vLLM on the whole request), each a share of a matrix product's rate timed
 in this run with the same threads and dtype (the ceiling):
@@ -244,8 +244,8 @@ def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args, samples: i
 
 def full_batch_decode(engine, prompts: list[list[int]], k: int, args) -> dict:
     """A decode step's time with every sequence of the request running (none stops: the stop token is
-    ignored): the request's time at max_tokens = lengths[1] less its time at lengths[0], both from a
-    cold prefix cache, over the steps between. The steady state vLLM keeps while requests queue."""
+    ignored): the request's time at 48 new tokens less its time at 16 (fewer under a smaller cap), both
+    from a cold prefix cache, over the steps between. The steady state vLLM keeps while requests queue."""
     from vllm import SamplingParams
 
     engine.set_k(k)
@@ -302,8 +302,8 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
     torch.set_num_threads(threads)
     rates = [matmul_gflops(getattr(torch, dtype))]  # re-measured between runs; the best is the ceiling
     few = prompts[: args.compare_prompts]  # the rows both engines run for the ratio
-    raw: dict = {"pytorch": {}, "vllm": {}, "vllm_request": {}, "full_batch": {}}
-    full_batch = raw.pop("full_batch")
+    raw: dict = {"pytorch": {}, "vllm": {}, "vllm_request": {}}
+    full_batch: dict = {}
     with torch.inference_mode():
         for k in args.ks:
             raw["pytorch"][k] = bench_pytorch(model, few, codec, k, args, args.compare_samples)
