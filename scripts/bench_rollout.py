@@ -26,6 +26,9 @@ in this run with the same threads and dtype (the ceiling):
   samples) over the request's time less the time of its prefill alone, measured in the same run as
   the same request with max_tokens = 1 (serving benchmarks' time per output token).
 - total MFU: decode and prefill FLOPs (the prompt tokens vLLM computes) over the whole time.
+- the prefill's recompute: the prompt tokens vLLM computes for n samples against the distinct ones
+  (a group's other samples read only whole 32-token KV blocks from the prefix cache and compute the
+  rest), and the prefill's time against that of one sample of each prompt, both timed in this run.
 - full-batch decode MFU: a decode step with all of the request's sequences running (the stop token
   ignored; the time at 48 tokens less the time at 16, over the 32 steps between), the steady state
   vLLM keeps while more requests wait than it has slots.
@@ -223,14 +226,18 @@ def bench_pytorch(model, prompts: list[list[int]], codec, k: int, args, samples:
 def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args, samples: int,
                time_prefill: bool = False) -> dict:
     """One request from a cold prefix cache; with `time_prefill`, first the same request with max_tokens = 1
-    (the prefill alone, from a cold cache too)."""
+    (the prefill alone, from a cold cache too) and then its prompts once each (n = 1, max_tokens = 1)."""
     engine.set_k(k)
-    prefill_s = None
-    if time_prefill:
+    prefill_s = prefill_one_s = None
+    if time_prefill:  # the n samples' prefill, then one sample's: what vLLM recomputes per sample, timed
         engine.drop_cached_prefixes()
         start = time.perf_counter()
         engine.generate(prompts, n=samples, max_tokens=1, temperature=1.0)
         prefill_s = time.perf_counter() - start
+        engine.drop_cached_prefixes()
+        start = time.perf_counter()
+        engine.generate(prompts, n=1, max_tokens=1, temperature=1.0)
+        prefill_one_s = time.perf_counter() - start
     engine.drop_cached_prefixes()
     start = time.perf_counter()
     groups = engine.generate(prompts, n=samples, max_tokens=args.new_tokens, temperature=1.0,
@@ -239,7 +246,7 @@ def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args, samples: i
     lengths = [len(c.token_ids) for g in groups for c in g.completions]
     return {"seconds": seconds, "tokens": sum(lengths), "computed": sum(lengths), "lengths": lengths,
             "prompt_tokens_computed": sum(prefilled(len(p), samples, engine) for p in prompts),
-            "prefill_seconds": prefill_s}
+            "prefill_seconds": prefill_s, "prefill_one_seconds": prefill_one_s}
 
 
 def full_batch_decode(engine, prompts: list[list[int]], k: int, args) -> dict:
@@ -292,7 +299,9 @@ def summarise(run: dict, model, k: int, prompts: list[list[int]], ceiling: float
         decode_s = seconds - run["prefill_seconds"]
         decode = per_token * (run["computed"] - n_rows) / decode_s / 1e9
         out.update(prefill_seconds=round(run["prefill_seconds"], 2), decode_gflops=round(decode, 2),
-                   decode_time_mfu=round(decode / ceiling, 3))
+                   decode_time_mfu=round(decode / ceiling, 3),
+                   prefill_one_seconds=round(run["prefill_one_seconds"], 2),
+                   prompt_tokens=sum(map(len, prompts)), prefill_tokens=run["prompt_tokens_computed"])
     return out
 
 
@@ -384,6 +393,12 @@ def print_table(r: dict, head: dict) -> None:
             print(f"{engine + ' ' + kk:22s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
                   f"{s['capped']:>8}{s['mfu']:>12.1%}{s['decode_time_mfu']:>17.1%}{s['total_mfu']:>11.1%}"
                   f"{str(s['prefill_seconds']) + ' / ' + str(s['seconds']):>19s}")
+    for engine in [name for name in r if name.startswith("vllm_request")]:
+        for kk, s in r[engine].items():
+            print(f"prefill {engine} {kk}: {s['prefill_tokens']:,} prompt tokens computed for {s['prompt_tokens']:,} "
+                  f"distinct ({s['prefill_tokens'] / s['prompt_tokens']:.2f}x: a group's other samples share only "
+                  f"whole KV blocks and recompute the rest), {s['prefill_seconds']} s; one sample of each prompt "
+                  f"{s['prefill_one_seconds']} s")
     print("vLLM decode with every sequence running (stop token ignored): " + ", ".join(
         f"{kk} {s['step_ms']} ms a step of {s['rows']} rows, MFU {s['mfu']:.1%}" for kk, s in r["vllm_full_batch"].items()))
     print(f"vLLM and generate() on the first {head['compare_prompts']} prompts x {head['compare_samples']} samples "

@@ -23,7 +23,7 @@ def test_decode_time_mfu_takes_the_prefill_time_and_first_tokens_out(model):
     lengths = [10, 30, 64, 64]  # two rows stopped at the cap
     # microseconds, so that the rounded GFLOP/s figures of a tiny model keep their digits
     run = {"seconds": 10e-6, "tokens": 168, "computed": 168, "lengths": lengths, "prompt_tokens_computed": 120,
-           "prefill_seconds": 2e-6, "cap": 64}
+           "prefill_seconds": 2e-6, "prefill_one_seconds": 1e-6, "cap": 64}
     ceiling = 1e4
     s = bench_rollout.summarise(run, model, 2, prompts, ceiling=ceiling)
     per_token = bench_rollout.decode_flops(model, 2, 40 + 0.5 * 42)
@@ -36,6 +36,24 @@ def test_decode_time_mfu_takes_the_prefill_time_and_first_tokens_out(model):
     prefill = bench_rollout.decode_flops(model, 2, 20) * 120
     assert s["total_gflops"] == pytest.approx((per_token * 168 + prefill) / 10e-6 / 1e9, rel=1e-3)
     assert s["capped"] == 2 and s["max_len"] == 64 and s["waste"] == 0.0
+    # the prefill's recompute: prompt tokens computed against the distinct ones, and its one-sample time
+    assert (s["prefill_tokens"], s["prompt_tokens"], s["prefill_one_seconds"]) == (120, 80, 0.0)
+
+
+def test_prefilled_counts_each_other_sample_s_partial_last_block():
+    from types import SimpleNamespace
+
+    def engine(block: int, caching: bool = True):
+        cache = SimpleNamespace(block_size=block, enable_prefix_caching=caching)
+        return SimpleNamespace(llm=SimpleNamespace(llm_engine=SimpleNamespace(
+            vllm_config=SimpleNamespace(cache_config=cache))))
+
+    # 70 tokens, blocks of 32: the other samples read 64 from the cache and compute 6
+    assert bench_rollout.prefilled(70, 16, engine(32)) == 70 + 15 * 6
+    # a prompt of whole blocks: a hit stops short of the last token, so the last block is computed again
+    assert bench_rollout.prefilled(64, 4, engine(32)) == 64 + 3 * 32
+    assert bench_rollout.prefilled(70, 1, engine(32)) == 70
+    assert bench_rollout.prefilled(70, 16, engine(32, caching=False)) == 16 * 70
 
 
 def test_a_run_without_its_prefill_timed_has_no_decode_time_column(model):
