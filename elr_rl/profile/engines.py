@@ -139,6 +139,7 @@ class EngineGenerate:
 
         e = cfg.engine
         options = EngineOptions(device=e.device, max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
+                                gpu_memory_utilization=e.gpu_memory_utilization,
                                 enforce_eager=True)  # eager: set_k works on the live engine
         self.engine = RolloutEngine(cfg.checkpoint, cache_mode=e.cache_mode, dtype=e.dtype, seed=cfg.seed,
                                     options=options)

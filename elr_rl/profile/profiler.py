@@ -39,11 +39,14 @@ class EngineSettings:
     max_model_len: int = 1024
     """Longest prompt + completion, in tokens (a longer prompt is a clear error)."""
     max_num_seqs: int = 64
-    """Sequences decoded together; the KV cache is sized so that all of them fit."""
+    """Sequences decoded together (on CPU the KV cache is sized so that all of them fit)."""
     cache_mode: Optional[str] = None
     """KV-cache mode (per_loop | last_loop); None = the checkpoint's own."""
     device: str = "auto"
     """auto (whatever the installed vLLM runs on), cpu or cuda."""
+    gpu_memory_utilization: float = 0.9
+    """CUDA only: share of the GPU's memory the engine takes; its KV cache is what is left of it after
+    the weights (vLLM preempts sequences that do not fit)."""
 
 
 @dataclass
@@ -108,6 +111,9 @@ class ProfileConfig:
             raise ValueError(
                 f"profile: engine.max_model_len {self.engine.max_model_len} must exceed max_tokens {self.max_tokens}"
             )
+        if not 0 < self.engine.gpu_memory_utilization <= 1:
+            raise ValueError(f"profile: engine.gpu_memory_utilization must be a share in (0, 1], "
+                             f"got {self.engine.gpu_memory_utilization}")
         if self.loop_counts is not None and (not self.loop_counts or min(self.loop_counts) < 1):
             raise ValueError(f"profile: loop_counts must be loop counts >= 1 (or null for all), got {self.loop_counts}")
         cfg_file = Path(self.checkpoint) / "config.json"

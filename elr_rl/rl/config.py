@@ -43,6 +43,10 @@ class RolloutConfig:
     """CPUs reserved by each worker actor."""
     num_gpus_per_worker: float = 0.0
     """GPUs reserved by each worker actor (1 on a CUDA cluster)."""
+    gpu_memory_utilization: float = 0.85
+    """CUDA only: share of the worker's GPU its engine takes (weights, activations, KV cache: the cache is
+    what is left after the weights, and vLLM preempts sequences that do not fit); lower it where a
+    learner shares the GPU (num_gpus_per_worker below 1)."""
     prompts_per_request: int = 4
     """Prompts handed to a worker per generate call (smaller: finer-grained asynchrony; larger: a fuller
     decode batch, as the engine decodes prompts_per_request x group_size sequences together: at 47M
@@ -62,6 +66,9 @@ class RolloutConfig:
                 _fail(f"rollout.{name}", f"got {getattr(self, name)}", "use 1 or more")
         if self.group_size < 2:
             _fail("rollout.group_size", f"got {self.group_size}", "GRPO needs groups of at least 2 completions")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            _fail("rollout.gpu_memory_utilization", f"got {self.gpu_memory_utilization}",
+                  "use a share of the GPU in (0, 1], e.g. 0.85")
         from elr_rl.model.config import KV_CACHE_MODES
 
         if self.cache_mode not in KV_CACHE_MODES:

@@ -33,6 +33,7 @@ import torch
 
 from elr_rl.model.config import KV_CACHE_MODES
 from elr_rl.rollout.worker_extension import weight_mismatches
+from elr_rl.vllm_plugin import ENGINE_ARCHITECTURES
 
 EXTENSION = "elr_rl.rollout.worker_extension.LoopedWorkerExtension"
 # Native config.json fields for the loop count and cache mode, per checkpoint format.
@@ -53,9 +54,11 @@ class EngineOptions:
     max_model_len: int = 1024
     """Longest prompt + completion, in tokens."""
     max_num_seqs: int = 64
-    """Sequences decoded together; the KV cache is sized so all of them fit at full length."""
+    """Sequences decoded together (on CPU the default KV cache holds all of them at full length)."""
     kv_cache_bytes: int | None = None
-    """KV-cache size; None = enough for max_num_seqs sequences of max_model_len tokens."""
+    """KV-cache size; None = on CPU enough for max_num_seqs sequences of max_model_len tokens, on CUDA what
+    gpu_memory_utilization leaves after the weights and activations (vLLM's own sizing; the scheduler
+    preempts sequences that do not fit). See kv_cache_args."""
     kv_loops: int | None = None
     """per_loop mode: loops that get their own KV cache (the deepest k this engine can run); None = max_loops."""
     in_process: bool = True
@@ -66,7 +69,8 @@ class EngineOptions:
     enforce_eager: bool = True
     """Eager mode: required for set_k on a live engine (a compiled graph keeps its k)."""
     gpu_memory_utilization: float = 0.5
-    """CUDA only: share of GPU memory vLLM may take (the learner may share the GPU)."""
+    """CUDA only: share of GPU memory vLLM may take for weights, activations and (unless kv_cache_bytes
+    is set) the KV cache; keep room for a learner that shares the GPU."""
     logprobs_mode: str = "raw_logprobs"
     """vLLM logprobs mode: raw_logprobs (before temperature/top-p) or processed_logprobs."""
     shm_dir: str = "/dev/shm"
@@ -151,6 +155,24 @@ def mode_engine_args(cache_mode: str, max_model_len: int) -> dict:
     }
 
 
+def kv_cache_args(platform: str, options: EngineOptions, full_length_bytes: int) -> dict:
+    """vLLM's memory arguments: options.kv_cache_bytes where set; else on CPU `full_length_bytes` (every
+    sequence at full length: vLLM-CPU would take a fixed VLLM_CPU_KVCACHE_SPACE), and on CUDA no KV size
+    at all, so that vLLM sizes the cache from gpu_memory_utilization. A full-length cache does not fit a
+    GPU at real shapes: configs/rl_dory4b.yaml (512 sequences of up to 8,192 tokens, Dory1.0-4B's
+    per-loop caches at k = 4, 384 KiB a token in bf16) would ask for about 2 TB."""
+    out: dict = {"gpu_memory_utilization": options.gpu_memory_utilization} if platform == "cuda" else {}
+    if not 0 < options.gpu_memory_utilization <= 1:
+        raise ValueError(f"options.gpu_memory_utilization={options.gpu_memory_utilization} must be in (0, 1]")
+    if options.kv_cache_bytes is not None:
+        if options.kv_cache_bytes <= 0:
+            raise ValueError(f"options.kv_cache_bytes={options.kv_cache_bytes} must be positive (None: the default)")
+        out["kv_cache_memory_bytes"] = int(options.kv_cache_bytes)
+    elif platform != "cuda":
+        out["kv_cache_memory_bytes"] = int(full_length_bytes)
+    return out
+
+
 def kv_bytes_per_token_bound(config: dict, cache_mode: str, kv_loops: int, dtype: torch.dtype) -> int:
     """Upper bound of KV bytes per token: caches x 2 (K and V) x kv_heads x head size x element size.
 
@@ -214,10 +236,10 @@ class RolloutEngine:
         self.expected_shapes = checkpoint_shapes(checkpoint_dir)
         self.weight_version = 0
         self._saved_threads = None
-        kv_bytes = opts.kv_cache_bytes or self._default_kv_bytes(config, getattr(torch, dtype))
+        full_length_kv = self._default_kv_bytes(config, getattr(torch, dtype))
         self._draft_dir = self._draft_view(config) if opts.speculative_tokens else None
         try:
-            self.llm = self._build(model_type, seed, kv_bytes)
+            self.llm = self._build(model_type, seed, full_length_kv)
         except BaseException:
             self._remove_draft_view()
             raise
@@ -236,7 +258,8 @@ class RolloutEngine:
             if f.name != "config.json":
                 os.symlink(f.resolve(), view / f.name)
         model_type = config["model_type"]
-        draft = {**config, _LOOP_FIELD[model_type]: k, _MODE_FIELD[model_type]: "per_loop", KV_LOOPS_KEY: k}
+        draft = {**config, _LOOP_FIELD[model_type]: k, _MODE_FIELD[model_type]: "per_loop", KV_LOOPS_KEY: k,
+                 "architectures": [ENGINE_ARCHITECTURES[model_type]]}
         (view / "config.json").write_text(json.dumps(draft, indent=2))
         return str(view)
 
@@ -254,7 +277,7 @@ class RolloutEngine:
         tokens = self.options.max_num_seqs * (self.options.max_model_len + 256)  # + a partly filled block each
         return max(int(1.25 * per_token * tokens), 64 << 20)
 
-    def _build(self, model_type: str, seed: int, kv_bytes: int):
+    def _build(self, model_type: str, seed: int, full_length_kv: int):
         opts = self.options
         # Read by vLLM when the engine is built (and cached by it afterwards).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if opts.in_process else "1"
@@ -275,8 +298,10 @@ class RolloutEngine:
         overrides = {  # the checkpoint format's own fields, so vllm.LLM users can pass the same
             _LOOP_FIELD[model_type]: self.k, _MODE_FIELD[model_type]: self.cache_mode, KV_LOOPS_KEY: self.kv_loops,
             CPU_GEMM_KEY: opts.cpu_gemm,
+            # this project's model class, never a vLLM build's own model of the same format
+            "architectures": [ENGINE_ARCHITECTURES[model_type]],
         }
-        device_args = {"gpu_memory_utilization": opts.gpu_memory_utilization} if platform == "cuda" else {}
+        device_args = kv_cache_args(platform, opts, full_length_kv)
         block_size = opts.block_size or (CPU_BLOCK_SIZE if platform == "cpu" else None)
         if block_size:
             device_args["block_size"] = block_size
@@ -288,7 +313,7 @@ class RolloutEngine:
         elif platform == "cpu":
             os.environ["OMP_NUM_THREADS"] = str(opts.cpu_threads)  # inherited by the spawned engine core
         try:
-            return self._llm(LLM, overrides, kv_bytes, seed, device_args)
+            return self._llm(LLM, overrides, seed, device_args)
         except BaseException:
             self._restore_threads()
             raise
@@ -304,7 +329,7 @@ class RolloutEngine:
             torch.set_num_threads = saved[0]
             torch.set_num_threads(saved[1])
 
-    def _llm(self, LLM, overrides: dict, kv_bytes: int, seed: int, device_args: dict):
+    def _llm(self, LLM, overrides: dict, seed: int, device_args: dict):
         opts = self.options
         return LLM(
             model=self.checkpoint_dir,
@@ -314,7 +339,6 @@ class RolloutEngine:
             enforce_eager=opts.enforce_eager,
             max_model_len=opts.max_model_len,
             max_num_seqs=opts.max_num_seqs,
-            kv_cache_memory_bytes=kv_bytes,
             hf_overrides=overrides,
             speculative_config=self._speculative_config(),
             disable_log_stats=not opts.speculative_tokens,  # the draft acceptance counters need stats

@@ -184,6 +184,8 @@ def test_cli_errors_and_loop_counts(tmp_path, capsys):
     assert "set checkpoint=PATH" in capsys.readouterr().err
     assert main([str(cfg_file), f"checkpoint={tmp_path}", "samples_per_prompt=0"]) == 2
     assert "samples_per_prompt must be positive" in capsys.readouterr().err
+    assert main([str(cfg_file), f"checkpoint={tmp_path}", "engine.gpu_memory_utilization=1.2"]) == 2
+    assert "engine.gpu_memory_utilization must be a share in (0, 1]" in capsys.readouterr().err
     assert main([str(cfg_file), "nonsense_key=1", f"checkpoint={tmp_path}"]) == 2
     assert "nonsense_key" in capsys.readouterr().err
 

@@ -15,6 +15,7 @@ def ckpt(tmp_path):
 @pytest.mark.parametrize("override, field", [
     ("learner.engine.zero_stage=3", "learner.engine.zero_stage"),
     ("rollout.group_size=1", "rollout.group_size"),
+    ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
     ("algo.aggregation=group", "algo.aggregation"),
     ("async_.mode=eventually", "async_.mode"),
     ("curriculum.alpha=1.5", "curriculum.alpha"),

