@@ -41,6 +41,15 @@ def targets(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return mask, batch.get("pred_index")
 
 
+def place_like(ref: torch.nn.Module, policy: torch.nn.Module, device: torch.device | str) -> None:
+    """Move the frozen reference model to `device`, each parameter in the dtype of the policy's namesake
+    (the engine's: bf16 under bf16 precision); buffers (rotary tables) keep their dtype."""
+    dtypes = {n: p.dtype for n, p in policy.named_parameters()}
+    ref.to(device)
+    for name, param in ref.named_parameters():
+        param.data = param.data.to(dtypes.get(name, param.dtype))
+
+
 def make_loss_fn(cfg: RLConfig, ref_model: torch.nn.Module | None, sink: list[dict[str, float]]):
     """The GRPO objective as a TrainEngine loss function: (logits, microbatch) -> loss."""
     a = cfg.algo
@@ -125,11 +134,13 @@ class LearnerRank:
         return ray.get_runtime_context().get_node_id()
 
     def rendezvous_address(self) -> tuple[str, int]:
-        import socket
+        """This node's IP as Ray knows it (the hostname can resolve to a loopback address, 127.0.1.1 on
+        Debian, which ranks on other nodes cannot reach) and a free port on it."""
+        import ray
 
         from elr_rl.train.rank import free_port
 
-        return socket.gethostbyname(socket.gethostname()), free_port()
+        return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, master_addr: str, master_port: int, resume_dir: str | None = None) -> dict | None:
         from elr_rl.model import LoopedForCausalLM
@@ -147,7 +158,10 @@ class LearnerRank:
         self.ref_model = None
         if c.algo.kl_coef > 0:
             self.ref_model = LoopedForCausalLM.from_pretrained(c.model_path).eval().requires_grad_(False)
-        self.engine = TrainEngine(model.config, train_cfg, self.rank, self.world_size, model=model)
+        # Ray shows each rank only its own GPU(s) (CUDA_VISIBLE_DEVICES): its local rank is 0 on every node
+        self.engine = TrainEngine(model.config, train_cfg, self.rank, self.world_size, model=model, local_rank=0)
+        if self.ref_model is not None:  # on the policy's device, in its dtype: KL 0 before the first update
+            place_like(self.ref_model, self.engine.model, self.engine.device)
         self.borrower = self._borrow_idle_cores(model)
         if resume_dir is not None:
             return self.engine.load(resume_dir)
@@ -210,10 +224,16 @@ class LearnerRank:
         array reused from step to step (valid until the next call; `ray.put` copies it): fp32, or bf16 when
         the workers run bf16 (they round to it on load anyway; half the bytes to pack, ship and stage).
         Rank 0 keeps that buffer between steps (the weights' size in host memory: the same peak as building
-        a new one each step, which cost more than the copy in fresh pages). Other ranks return an empty array."""
+        a new one each step, which cost more than the copy in fresh pages), and packs it straight from the
+        module's weights where they are whole (on a GPU: one device-to-host copy, into the buffer). Other
+        ranks return an empty array, and copy nothing unless the weights must be gathered (ZeRO-3, or
+        masters in another dtype), where every rank takes part."""
         from elr_rl.model.safetensors_io import pack_safetensors
 
-        state = self.engine.state_dict_in(torch.bfloat16 if self.cfg.rollout.dtype == "bfloat16" else torch.float32)
+        dtype = torch.bfloat16 if self.cfg.rollout.dtype == "bfloat16" else torch.float32
+        if self.rank != 0 and not self.engine.serving_is_collective(dtype):
+            return np.empty(0, dtype=np.uint8)
+        state = self.engine.state_dict_in(dtype)
         if self.rank != 0:
             return np.empty(0, dtype=np.uint8)
         self._wire = pack_safetensors(state, out=self._wire)

@@ -362,14 +362,20 @@ class TrainEngine:
             return {n: (m if m is not None else p.data).detach().float().cpu().clone()
                     for n, p, m in zip(names, params, masters)}
 
+    def serving_is_collective(self, dtype: torch.dtype) -> bool:
+        """Whether `state_dict_in(dtype)` gathers across ranks (then every rank must call it)."""
+        return self.zero_stage == 3 or self.dtype != dtype
+
     def state_dict_in(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """The whole model's weights in `dtype` on CPU, for serving (every rank calls; every rank gets it).
+        """The whole model's weights in `dtype`, for serving.
 
         Where the module's own weights already are `dtype` and whole (ZeRO 0-2), they are the fp32
         masters rounded to it (DeepSpeed copies each updated master into its module weight), so they
-        are returned as they are, without the fp32 copy and the cast (shared: do not modify them)."""
-        if self.zero_stage != 3 and self.dtype == dtype:
-            return {n: p.detach().cpu() for n, p in self.model.named_parameters()}
+        are returned as they are, on the module's device, without a copy, the fp32 masters or a
+        collective (shared: do not modify them). Else the gathered masters cast to `dtype`, on CPU
+        (every rank calls; every rank gets them): `serving_is_collective` says which."""
+        if not self.serving_is_collective(dtype):
+            return {n: p.detach() for n, p in self.model.named_parameters()}
         return {n: t.to(dtype) for n, t in self.full_state_dict().items()}
 
     # ------------------------------------------------------------------ checkpoints

@@ -55,7 +55,13 @@ def test_published_weights_are_in_the_workers_dtype(rollout_dtype):
     rank.rank, rank.cfg, rank._wire = 0, RLConfig(), None
     rank.cfg.rollout.dtype = rollout_dtype
     # the engine's serving copy: the masters rounded to the asked dtype (tests/train: bitwise so on real ranks)
-    rank.engine = SimpleNamespace(state_dict_in=lambda dtype: {n: t.to(dtype) for n, t in master.items()})
+    calls = []
+
+    def state_dict_in(dtype):
+        calls.append(rank.rank)
+        return {n: t.to(dtype) for n, t in master.items()}
+
+    rank.engine = SimpleNamespace(state_dict_in=state_dict_in, serving_is_collective=lambda dtype: False)
     first = rank.weights()
     got = load(bytes(first))
     want = torch.bfloat16 if rollout_dtype == "bfloat16" else torch.float32
@@ -69,3 +75,6 @@ def test_published_weights_are_in_the_workers_dtype(rollout_dtype):
     assert all(torch.equal(t, master[n].to(want)) for n, t in load(bytes(again)).items())
     rank.rank = 1
     assert rank.weights().size == 0  # only rank 0 publishes
+    assert calls == [0, 0]  # and the others do not even copy the weights (no gather needed here)
+    rank.engine.serving_is_collective = lambda dtype: True  # ZeRO-3: every rank takes part in the gather
+    assert rank.weights().size == 0 and calls == [0, 0, 1]
