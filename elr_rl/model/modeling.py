@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from elr_rl.model.cache import CachedCore, DenseCore, KVCache, SegmentCore
@@ -27,6 +28,13 @@ Mods = list  # per-sublayer loop.Modulation (ELR eq. 4) or None
 
 
 class Backbone(nn.Module):
+    checkpoint_sublayers: bool = False
+    """Activation checkpointing (a training setting, not saved with the model): while gradients are
+    recorded, each sublayer keeps only its input for the backward pass, which runs the sublayer again.
+    Memory then grows by one [T, d] state per sublayer executed (k x the recurrent ones) instead of
+    every intermediate of each; the price is a second forward of each sublayer. Set by the training
+    engine (engine.activation_checkpointing)."""
+
     def __init__(self, spec: LoopSpec) -> None:
         super().__init__()
         self.spec = spec
@@ -41,6 +49,11 @@ class Backbone(nn.Module):
             else None
         )
         self.final_norm = self.variant.final_norm(spec)
+
+    def _sublayer(self, layer: nn.Module, *args) -> torch.Tensor:
+        if self.checkpoint_sublayers and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def _mods(self, i: int, k: int, heads: range) -> Mods:
         if self.loop_cond is None:
@@ -61,13 +74,13 @@ class Backbone(nn.Module):
         s = self.spec
         n_in, n_rec = s.n_in, s.n_rec
         for layer in self.layers[:n_in]:
-            h = layer(h, positions, core, 0)
+            h = self._sublayer(layer, h, positions, core, 0)
         h_in = h
 
         def recurrent_block(x: torch.Tensor, i: int) -> torch.Tensor:
             mods = self._mods(i, k, range(0, n_rec))  # c_i = MLP([phi(i/k); phi(k/K)])
             for j, layer in enumerate(self.layers[n_in : n_in + n_rec]):
-                x = layer(x, positions, core, i - 1, mods[j])
+                x = self._sublayer(layer, x, positions, core, i - 1, mods[j])
             return x
 
         states: list[torch.Tensor] = []
@@ -93,7 +106,7 @@ class Backbone(nn.Module):
         for j, layer in enumerate(self.layers[first:]):
             if j == cut and rows is not None:
                 h, positions = _select_rows(h, rows), _select_rows(positions, rows)
-            h = layer(h, positions, core, 0, out_mods[j])
+            h = self._sublayer(layer, h, positions, core, 0, out_mods[j])
         if cut == s.n_out and rows is not None:
             h = _select_rows(h, rows)
         return self.final_norm(h) if self.final_norm is not None else h

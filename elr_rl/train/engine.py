@@ -166,6 +166,7 @@ class TrainEngine:
         torch.manual_seed(train_cfg.run.seed)  # identical initial weights on every rank
         if model is None:
             model = LoopedForCausalLM(model_cfg)
+        model.backbone.checkpoint_sublayers = train_cfg.engine.activation_checkpointing
         self._frozen: tuple[str, ...] = ()
         self._hooks = [p.register_hook(self._grad_gate(name)) for name, p in model.named_parameters()]
         ds_cfg = deepspeed_config(train_cfg, world_size)

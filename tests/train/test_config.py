@@ -60,6 +60,8 @@ def test_dory_4b_config_has_the_released_shape():
     assert (mc.n_input_layers, mc.n_recurrent_layers, mc.n_output_layers) == (16, 40, 16)
     assert mc.hybrid_layer_pattern == "S-S-S-*-" * 9
     assert (mc.num_attention_heads, mc.num_key_value_heads) == (16, 4)
+    # what a GPU cluster run needs: activations recomputed, and the cluster's Ray, not a new local one
+    assert cfg.engine.activation_checkpointing and cfg.dist.ray_address == "auto"
 
 
 def test_schedules():

@@ -339,6 +339,31 @@ def test_serving_weights_are_the_masters_rounded_to_the_asked_dtype(precision, s
     assert res["shipped"] is True, res  # and safetensors serialises them (no shared-storage refusal)
 
 
+CHECKPOINTING_PROBE = """
+out = {}
+for on in (False, True):
+    train_cfg = TrainConfig(engine=EngineConfig(accelerator="cpu", activation_checkpointing=on),
+                            optim=OptimConfig(lr=1e-2, grad_clip=0.5), run=TrainRunConfig(seed=0))
+    engine = TrainEngine(cfg, train_cfg, 0, 1)
+    losses = [engine.train_step(batches[2 * i:2 * i + 2], [1, 3], 1e-2)["losses"] for i in range(2)]
+    out[str(on)] = {"flag": engine.model.backbone.checkpoint_sublayers, "losses": losses,
+                    "weights": {n: t.tolist() for n, t in engine.full_state_dict().items()}}
+    engine.close()
+print("CKPT " + json.dumps(out))
+release_process_groups()
+"""
+
+
+def test_activation_checkpointing_trains_the_same_steps():
+    """engine.activation_checkpointing reaches the model and changes nothing but memory and time."""
+    res = _run_probe(CHECKPOINTING_PROBE, "CKPT")
+    off, on = res["False"], res["True"]
+    assert (off["flag"], on["flag"]) == (False, True)
+    assert sum(on["losses"], []) == pytest.approx(sum(off["losses"], []), rel=1e-5)
+    for name, w in off["weights"].items():
+        assert torch.allclose(torch.tensor(on["weights"][name]), torch.tensor(w), rtol=1e-5, atol=1e-6), name
+
+
 LABEL_ROWS_PROBE = """
 from elr_rl.train.engine import cross_entropy_loss, with_label_rows
 from elr_rl.train.labels import IGNORE_INDEX
