@@ -6,7 +6,8 @@
 #   scripts/gpu_check.sh --device cpu --tiny  # the same checks on a tiny model (a CPU test runs this)
 #
 # Measures: the matrix-product ceiling (bf16 unless --dtype float32); forward + backward and an AdamW learner step
-# (MFU against that ceiling); forward time per token at k = 1..4 against D_eff(k)/D_eff(1);
+# (MFU against that ceiling), also with activation checkpointing (time and peak memory against the plain step);
+# forward time per token at k = 1..4 against D_eff(k)/D_eff(1);
 # GPU-vs-CPU parity of fp32 logits at k = 1 and 4. Prints a table, then one JSON line.
 # PYTHON=... picks the interpreter (default python3).
 set -euo pipefail
@@ -107,6 +108,17 @@ result["learner_mfu"] = round(step_flops / step_s / 1e12 / ceiling, 4)
 result["loss_finite"] = bool(torch.isfinite(learner_step()).item())
 if dev.type == "cuda":
     result["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+
+# The same step with activation checkpointing (engine.activation_checkpointing: what the 4B configs run).
+model.backbone.checkpoint_sublayers = True
+if dev.type == "cuda":
+    torch.cuda.reset_peak_memory_stats()
+ckpt_s = timed(learner_step, steps)
+model.backbone.checkpoint_sublayers = False
+result["learner_step_s_k4_checkpointed"] = round(ckpt_s, 4)
+result["checkpointed_time_ratio"] = round(ckpt_s / step_s, 3)
+if dev.type == "cuda":
+    result["peak_mem_gib_checkpointed"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
 del opt
 
 # Forward time per token at k = 1..4 against D_eff(k) / D_eff(1).
@@ -136,7 +148,10 @@ result["parity_max_abs_logprob_fp32"] = parity
 
 print(f"{'device':28s}{result['device']}  ({result['params'] / 1e6:.1f}M parameters, batch {batch} x {seq} tokens)")
 print(f"{args.dtype + ' matmul ceiling':28s}{ceiling:.2f} TFLOP/s")
-print(f"{'learner step k=4':28s}{step_s:.3f} s, {result['learner_tflops']} TFLOP/s, MFU {result['learner_mfu']:.1%}")
+print(f"{'learner step k=4':28s}{step_s:.3f} s, {result['learner_tflops']} TFLOP/s, MFU {result['learner_mfu']:.1%}"
+      + (f", peak {result['peak_mem_gib']} GiB" if "peak_mem_gib" in result else ""))
+print(f"{'  activations checkpointed':28s}{ckpt_s:.3f} s (x{result['checkpointed_time_ratio']})"
+      + (f", peak {result['peak_mem_gib_checkpointed']} GiB" if "peak_mem_gib_checkpointed" in result else ""))
 for k in per_token:
     print(f"forward k={k}: {1e6 * per_token[k]:9.3f} us/token  time x{per_token[k] / per_token[1]:.3f} "
           f"vs D_eff x{spec.effective_depth(k) / spec.effective_depth(1):.3f}")

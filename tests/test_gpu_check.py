@@ -22,6 +22,7 @@ def test_gpu_check_cpu_tiny_mode_prints_its_json_line():
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["device"] == "cpu" and r["loss_finite"]
     assert r["ceiling_tflops"] > 0 and 0 < r["learner_mfu"] < 1.5
+    assert r["learner_step_s_k4_checkpointed"] > 0 and r["checkpointed_time_ratio"] > 0  # the checkpointed step ran
     assert set(r["time_ratio_vs_k1"]) == set(r["d_eff_ratio_vs_k1"]) == {"k1", "k2", "k3", "k4"}
     assert r["d_eff_ratio_vs_k1"]["k4"] == 2.0  # 8 + 4 * 8 + 8 over 8 + 8 + 8 sublayers
     assert r["time_ratio_vs_k1"]["k4"] > 1.0  # four loops cost more than one
