@@ -31,7 +31,7 @@ class RolloutFleet:
         self._parity: tuple[int, Any, Any] | None = None  # in flight: (version, learner logprobs, worker ref)
         # what became of every check the learner scored for: compared, or not (one was still in flight,
         # newer weights reached the worker first, or it died)
-        self.parity_counts = {"compared": 0, "worker_busy": 0, "newer_weights": 0, "worker_died": 0}
+        self.parity_counts = {"compared": 0, "worker_busy": 0, "newer_weights": 0, "worker_died": 0, "worker_error": 0}
         self.parity_worst = 0.0  # over every compared check of the run
 
     def start(self) -> None:
@@ -113,9 +113,10 @@ class RolloutFleet:
     def collect_parity(self, timeout: float = 0.0) -> float | None:
         """Max |logprob(worker) - logprob(learner)| once the worker answered for the same version (waiting
         up to `timeout` seconds); a check answered with newer weights, or never (the worker died; its next
-        request finds out and restarts it), is counted in `parity_counts`."""
+        request finds out and restarts it), or failed in the worker (say, out of memory on a long
+        sequence: logged, the run goes on), is counted in `parity_counts`."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError, RayTaskError
 
         if self._parity is None:
             return None
@@ -128,6 +129,11 @@ class RolloutFleet:
             worker_version, theirs = ray.get(theirs_ref)
         except RayActorError:
             self.parity_counts["worker_died"] += 1
+            return None
+        except RayTaskError as exc:  # a spot-check is not worth the run
+            self.parity_counts["worker_error"] += 1
+            log.warning("parity check of version %d failed in rollout worker 0 (counted in summary.json's "
+                        "parity_checks.worker_error): %s", version, str(exc).splitlines()[0] if str(exc) else exc)
             return None
         if worker_version != version:  # newer weights arrived first: nothing comparable
             self.parity_counts["newer_weights"] += 1

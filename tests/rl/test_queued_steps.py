@@ -122,7 +122,7 @@ def test_a_check_due_while_one_is_in_flight_is_counted_not_started():
     assert fleet._parity == (3, [[0.0]], "ref")
     fleet.start_parity_check(None, None)  # a step that carried none: nothing to count
     assert fleet.parity_summary() == {"compared": 0, "worker_busy": 1, "newer_weights": 0, "worker_died": 0,
-                                      "unfinished": 1, "worst_abs_diff": None}
+                                      "worker_error": 0, "unfinished": 1, "worst_abs_diff": None}
 
 
 def test_collected_checks_are_compared_only_for_the_version_the_learner_scored(ray_cluster):
@@ -147,5 +147,13 @@ def test_collected_checks_are_compared_only_for_the_version_the_learner_scored(r
     fleet._parity = (6, [[0.0]], pending)
     assert fleet.collect_parity() is None and fleet._parity is not None  # not answered: still in flight
     assert fleet.parity_summary() == {"compared": 1, "worker_busy": 0, "newer_weights": 1, "worker_died": 0,
-                                      "unfinished": 1, "worst_abs_diff": pytest.approx(0.05)}
+                                      "worker_error": 0, "unfinished": 1, "worst_abs_diff": pytest.approx(0.05)}
     ray.cancel(pending, force=True)
+
+    @ray.remote
+    def out_of_memory():
+        raise MemoryError("prompt logprobs of an 8,192-token sequence")
+
+    fleet._parity = (7, [[0.0]], out_of_memory.remote())  # the worker's call failed: counted, the run goes on
+    assert fleet.collect_parity(timeout=30) is None and fleet._parity is None
+    assert fleet.parity_summary()["worker_error"] == 1
