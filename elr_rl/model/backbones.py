@@ -12,7 +12,8 @@ backbone object, never the string.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+import functools
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
@@ -63,8 +64,17 @@ class BackboneVariant(abc.ABC):
     def lm_head(self, spec: LoopSpec) -> LMHead:
         return LMHead(spec)
 
+    def weight_rule(self, name: str, param: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What `normalize_weights_` makes of this parameter (a function of its value), or None if nothing.
+        One parameter at a time: a training engine applies it to each fp32 master in turn."""
+        return None
+
     def normalize_weights_(self, model: nn.Module) -> None:
         """Put the weights back where the backbone keeps them (in place, no gradients)."""
+        for name, p in model.named_parameters():
+            rule = self.weight_rule(name, p)
+            if rule is not None:
+                p.copy_(rule(p))
 
 
 class Prenorm(BackboneVariant):
@@ -98,14 +108,14 @@ class Ngpt(BackboneVariant):
         return NgptLMHead(spec)
 
     @torch.no_grad()
-    def normalize_weights_(self, model):
-        for name, p in model.named_parameters():
-            if p.dim() != 2:
-                continue
-            if any(f"{t}." in name or name.startswith(t) for t in _NGPT_ROW):
-                p.copy_(justnorm(p, dim=1))
-            elif any(f"{t}." in name for t in _NGPT_COL):
-                p.copy_(justnorm(p, dim=0))
+    def weight_rule(self, name, param):
+        if param.dim() != 2:
+            return None
+        if any(f"{t}." in name or name.startswith(t) for t in _NGPT_ROW):
+            return functools.partial(justnorm, dim=1)
+        if any(f"{t}." in name for t in _NGPT_COL):
+            return functools.partial(justnorm, dim=0)
+        return None
 
 
 VARIANTS: dict[str, type[BackboneVariant]] = {v.name: v for v in (Prenorm, Ngpt)}

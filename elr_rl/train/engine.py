@@ -12,7 +12,9 @@ Weight surgery (nGPT re-normalisation after each step, zero-initialising the
 loop-conditioning heads at the delayed-mixed-depth switch) must reach the fp32
 master weights that ZeRO / bf16 keep inside the optimizer, or the next step
 would overwrite it: `apply_to_weights_` runs the model's own in-place method
-on the masters and copies the result back into the module.
+on the masters and copies the result back into the module; `apply_weight_rule_`
+does it one parameter at a time (nGPT's re-normalisation, every step), so that no
+more than one full fp32 master is gathered at once.
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ class TrainEngine:
             self.engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
             losses.append(float(logged.detach()))  # the loss at k (the auxiliary readouts' part is not logged)
         if self.model.backbone.variant.unit_norm_weights:  # nGPT: weights back on the unit sphere
-            self.apply_to_weights_(lambda m: m.normalize_weights_())
+            self.apply_weight_rule_(self.model.backbone.variant.weight_rule)
         if norm is None:
             norm = self.engine.get_global_grad_norm()
         return {"losses": losses, "grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
@@ -313,11 +315,13 @@ class TrainEngine:
                 out.update({id(lp): hp for lp, hp in zip(low, high)})
         return out
 
-    def _masters(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor | None]:
-        """Each parameter's full fp32 master (a collective under ZeRO); None when it is its own master."""
+    def _masters(self, params: list[torch.nn.Parameter],
+                 unfused: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor | None]:
+        """Each parameter's full fp32 master (a collective under ZeRO); None when it is its own master.
+        `unfused`: `_unfused_masters()`, when the caller already has it."""
         from deepspeed.utils import safe_get_full_fp32_param
 
-        unfused = self._unfused_masters()
+        unfused = self._unfused_masters() if unfused is None else unfused
         masters = [unfused[id(p)] if id(p) in unfused else safe_get_full_fp32_param(p) for p in params]
         if self.dtype != torch.float32 and any(m is None for m in masters):
             raise RuntimeError("bf16 engine without fp32 master weights: unknown DeepSpeed optimizer layout")
@@ -355,13 +359,45 @@ class TrainEngine:
             for w, n in zip(working, new):
                 w.copy_(n.to(w.dtype))
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """fp32 weights of the whole model on CPU (every rank calls; every rank gets it)."""
-        names, params = zip(*self.model.named_parameters())
-        with self._gathered(list(params), modifier_rank=None):
-            masters = self._masters(list(params))
-            return {n: (m if m is not None else p.data).detach().float().cpu().clone()
-                    for n, p, m in zip(names, params, masters)}
+    @torch.no_grad()
+    def apply_weight_rule_(self, rule: Callable[[str, torch.Tensor], Callable[[torch.Tensor], torch.Tensor] | None]
+                           ) -> None:
+        """`apply_to_weights_` for a function of each parameter alone (`BackboneVariant.weight_rule`), one
+        parameter at a time: its fp32 master is gathered, replaced by rule(master) and mirrored into the
+        module before the next. Every rank calls it, in the same order (the gathers are collectives); at
+        Dory1.0-4B's size holding all the masters at once took ~16 GB, and their copies as much again."""
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        unfused = self._unfused_masters()
+        for name, p in self.model.named_parameters():
+            shape = getattr(p, "ds_shape", p.shape)  # ZeRO-3 keeps an empty placeholder outside a gather
+            fn = rule(name, torch.empty(shape, device="meta"))
+            if fn is None:
+                continue
+            with self._gathered([p], modifier_rank=0):
+                (master,) = self._masters([p], unfused)
+                if master is None:  # the module's weight is its own master
+                    p.data.copy_(fn(p.data))
+                    continue
+                new = fn(master)
+                if id(p) in unfused:
+                    unfused[id(p)].copy_(new)
+                else:
+                    safe_set_full_fp32_param(p, new)
+                p.data.copy_(new.to(p.dtype))
+
+    def full_state_dict(self, keep: bool = True) -> dict[str, torch.Tensor]:
+        """fp32 weights of the whole model on CPU (every rank calls: the gathers are collectives). One
+        parameter is gathered at a time, and only where `keep` is its copy kept: a save keeps it on rank 0
+        alone (at Dory1.0-4B's size each copy is 16 GB of host memory, eight ranks to a node)."""
+        out: dict[str, torch.Tensor] = {}
+        unfused = self._unfused_masters()
+        for name, p in self.model.named_parameters():
+            with self._gathered([p], modifier_rank=None):
+                (master,) = self._masters([p], unfused)
+                if keep:
+                    out[name] = (master if master is not None else p.data).detach().float().to("cpu", copy=True)
+        return out
 
     def serving_is_collective(self, dtype: torch.dtype) -> bool:
         """Whether `state_dict_in(dtype)` gathers across ranks (then every rank must call it)."""
@@ -388,7 +424,7 @@ class TrainEngine:
         from elr_rl.model import LoopedForCausalLM
 
         directory = Path(directory)
-        state = self.full_state_dict()
+        state = self.full_state_dict(keep=self.rank == 0)
         if self.rank == 0:
             with torch.device("meta"):
                 export = LoopedForCausalLM(self.model_cfg)

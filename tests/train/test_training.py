@@ -364,6 +364,49 @@ def test_activation_checkpointing_trains_the_same_steps():
         assert torch.allclose(torch.tensor(on["weights"][name]), torch.tensor(w), rtol=1e-5, atol=1e-6), name
 
 
+NGPT_PROBE = """
+from elr_rl.model import DoryConfig
+precision, stage = sys.argv[1], int(sys.argv[2])
+cfg = DoryConfig(vocab_size=64, hidden_size=32, num_hidden_layers=6, intermediate_size=64, num_attention_heads=2,
+                 num_key_value_heads=1, attention_head_dim=16, hybrid_layer_pattern="S-*-S-", swa_window_size=8,
+                 n_input_layers=2, n_recurrent_layers=2, n_output_layers=2, n_recurrent_loops=3)
+train_cfg = TrainConfig(engine=EngineConfig(accelerator="cpu", precision=precision, zero_stage=stage),
+                        optim=OptimConfig(lr=5e-2, grad_clip=1.0), run=TrainRunConfig(seed=0))
+out = {}
+for path in ("per_weight", "whole_model"):
+    engine = TrainEngine(cfg, train_cfg, 0, 1)
+    if path == "whole_model":  # the reference: every master at once through the model's own method
+        engine.apply_weight_rule_ = lambda rule: engine.apply_to_weights_(lambda m: m.normalize_weights_())
+    for i in range(2):
+        engine.train_step(batches[2 * i:2 * i + 2], [1, 3], 5e-2)
+    masters = engine.full_state_dict()
+    variant = engine.model.backbone.variant
+    rules = {n: variant.weight_rule(n, t) for n, t in masters.items()}
+    errors = [float((rule(masters[n]) - masters[n]).abs().max()) for n, rule in rules.items() if rule is not None]
+    served = engine.state_dict_in(engine.dtype)
+    out[path] = {"ruled": len(errors), "norm_error": max(errors),
+                 "module_is_master": all(torch.equal(served[n].float().cpu(), masters[n].to(engine.dtype).float())
+                                         for n in masters),
+                 "weights": {n: t.tolist() for n, t in masters.items()}}
+    engine.close()
+print("NGPT " + json.dumps(out))
+release_process_groups()
+"""
+
+
+@pytest.mark.parametrize("precision,stage", [("fp32", 0), ("bf16", 0), ("bf16", 2), ("bf16", 3)])
+def test_ngpt_renormalisation_one_weight_at_a_time_matches_the_whole_model_pass(precision, stage):
+    """After each step nGPT's weights go back on the unit sphere one fp32 master at a time
+    (`apply_weight_rule_`): the same weights as the whole-model pass, the masters unit-norm, and the
+    module's weights the masters rounded, at every ZeRO stage and precision the learner uses."""
+    res = _run_probe(NGPT_PROBE, "NGPT", precision, str(stage))
+    one, whole = res["per_weight"], res["whole_model"]
+    assert one["ruled"] == whole["ruled"] > 10
+    assert one["norm_error"] < 1e-5 and one["module_is_master"], {k: v for k, v in one.items() if k != "weights"}
+    for name, w in whole["weights"].items():
+        assert torch.equal(torch.tensor(one["weights"][name]), torch.tensor(w)), name
+
+
 LABEL_ROWS_PROBE = """
 from elr_rl.train.engine import cross_entropy_loss, with_label_rows
 from elr_rl.train.labels import IGNORE_INDEX
