@@ -329,9 +329,7 @@ class LoopedForCausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None) -> "LoopedForCausalLM":
-        from safetensors.torch import load_file
-
-        from elr_rl.model.safetensors_check import check_safetensors
+        from elr_rl.model.safetensors_check import load_checkpoint_weights
 
         path = Path(path)
         cfg_file = path / "config.json"
@@ -340,8 +338,7 @@ class LoopedForCausalLM(nn.Module):
         config = config_from_dict(json.loads(cfg_file.read_text()))
         with torch.device("meta"):
             model = cls(config)
-        check_safetensors(path / "model.safetensors")  # a truncated copy: one clear line
-        state = load_file(str(path / "model.safetensors"))
+        state = load_checkpoint_weights(path)  # model.safetensors or its shards; a truncated copy: one clear line
         expected = {n: tuple(t.shape) for n, t in model.state_dict().items()}
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))

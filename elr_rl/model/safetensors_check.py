@@ -34,3 +34,41 @@ def check_checkpoint_files(folder: str | Path) -> None:
     """Every *.safetensors file of a checkpoint folder is whole."""
     for p in sorted(Path(folder).glob("*.safetensors")):
         check_safetensors(p)
+
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def checkpoint_weight_files(folder: str | Path) -> list[Path]:
+    """The safetensors files holding a checkpoint's weights: `model.safetensors`, or the shards a Hugging
+    Face index names (`model.safetensors.index.json`, written by save_pretrained above its shard size:
+    5 GB by default, so an 8 GB bf16 4B model comes in two). ValueError if neither is there."""
+    folder = Path(folder)
+    single, index = folder / "model.safetensors", folder / INDEX_FILE
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{str(index)!r} is not a safetensors index (no weight_map)") from None
+        if not names:
+            raise ValueError(f"{str(index)!r} names no weight files")
+        return [folder / n for n in names]
+    raise ValueError(f"checkpoint {str(folder)!r} has no model.safetensors and no {INDEX_FILE}")
+
+
+def load_checkpoint_weights(folder: str | Path) -> dict:
+    """Every tensor of a checkpoint (single file or shards), each file checked whole first."""
+    from safetensors.torch import load_file
+
+    state: dict = {}
+    for path in checkpoint_weight_files(folder):
+        check_safetensors(path)
+        part = load_file(str(path))
+        twice = state.keys() & part.keys()
+        if twice:
+            raise ValueError(f"tensor {sorted(twice)[0]!r} is in more than one weight file of {str(folder)!r}")
+        state.update(part)
+    return state

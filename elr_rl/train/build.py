@@ -49,14 +49,13 @@ def build_model_config(spec: ModelSpec, loops: LoopConfig):
 
 def build_model(spec: ModelSpec, model_cfg: Any, seed: int) -> torch.nn.Module:
     """A fresh model (seeded, identical on every rank) or one loaded from `spec.init_from`."""
-    from safetensors.torch import load_file
-
     from elr_rl.model import LoopedForCausalLM
+    from elr_rl.model.safetensors_check import load_checkpoint_weights
 
     torch.manual_seed(seed)
     model = LoopedForCausalLM(model_cfg)
     if spec.init_from is not None:
-        state = load_file(str(Path(spec.init_from) / "model.safetensors"))
+        state = load_checkpoint_weights(spec.init_from)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(

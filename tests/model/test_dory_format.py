@@ -105,3 +105,27 @@ def test_dory_math_one_sublayer_by_hand():
     want = N(N(h) + lr * (N(f) - N(h)))
     got = layer(h, torch.arange(3), None)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_a_checkpoint_sharded_by_save_pretrained_loads_as_one(tmp_path):
+    """Hugging Face's save_pretrained shards above max_shard_size (5 GB by default: an 8 GB bf16 4B model
+    comes as model-0000x-of-0000n.safetensors and an index); the learner, SFT and the RL checks read it."""
+    import pytest
+
+    from elr_rl.model.hf import DoryForCausalLM
+    from elr_rl.model.safetensors_check import checkpoint_weight_files
+
+    cfg = DoryConfig(vocab_size=64, hidden_size=32, num_hidden_layers=8, intermediate_size=64, num_attention_heads=2,
+                     num_key_value_heads=1, attention_head_dim=16, hybrid_layer_pattern="S-*-S-*-", swa_window_size=8,
+                     n_input_layers=2, n_recurrent_layers=4, n_output_layers=2, n_recurrent_loops=2)
+    torch.manual_seed(0)
+    LoopedForCausalLM(cfg).save_pretrained(tmp_path / "one")
+    DoryForCausalLM.from_pretrained(tmp_path / "one").save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    files = checkpoint_weight_files(tmp_path / "sharded")
+    assert len(files) > 2 and not (tmp_path / "sharded" / "model.safetensors").exists()
+    want = LoopedForCausalLM.from_pretrained(tmp_path / "one").state_dict()
+    got = LoopedForCausalLM.from_pretrained(tmp_path / "sharded").state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+    (tmp_path / "sharded" / "model.safetensors.index.json").unlink()
+    with pytest.raises(ValueError, match="no model.safetensors and no model.safetensors.index.json"):
+        LoopedForCausalLM.from_pretrained(tmp_path / "sharded")
