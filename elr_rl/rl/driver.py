@@ -133,6 +133,10 @@ class Driver:
 
         c = self.cfg
         c.validate()  # the CLI's errors for a config built in code too (e.g. run.save_interval=0)
+        # Absolute paths for the actors, whose working directory is their own (a Ray job's copy, another node's)
+        c.model_path, c.run.output_dir = (str(Path(p).resolve()) for p in (c.model_path, c.run.output_dir))
+        self.run_dir = Path(c.run.output_dir)
+        log.warning("run folder: %s", self.run_dir)
         # The checkpoint's tokenizer and chat template, checked before Ray or any engine starts.
         TextCodec.load(c.model_path, c.rollout.chat)
         # Registers the dataset environments among envs.names before Ray starts (actors inherit them).
@@ -172,6 +176,26 @@ class Driver:
         self.fleet = RolloutFleet(c, str(resume) if resume else c.model_path, self.version)
         self.fleet.start()
         self.placement = {"learner": self.learner.node_ids(), "rollout": self.fleet.node_ids()}
+        self._check_shared_run_folder()
+
+    def _check_shared_run_folder(self) -> None:
+        """Learner ranks write the checkpoints into the run folder and restarted workers load them from
+        there: every actor must see it (on a cluster, storage all nodes share), or a run would scatter its
+        checkpoints over nodes' local disks and resume from nothing."""
+        import uuid
+
+        marker = self.run_dir / f".visible-{uuid.uuid4().hex}"
+        marker.write_text("written by the driver; every learner rank and rollout worker must see it\n")
+        try:
+            blind = [f"learner rank {i}" for i, ok in enumerate(self.learner.sees(str(marker))) if not ok]
+            blind += [f"rollout worker {i}" for i, ok in enumerate(self.fleet.sees(str(marker))) if not ok]
+        finally:
+            marker.unlink(missing_ok=True)
+        if blind:
+            raise ValueError(
+                f"config field `run.output_dir`: {self.run_dir} is not visible from {', '.join(blind)} (another "
+                "node's file system): put the run folder on storage every node mounts at the same path "
+                "(NFS, a parallel file system), e.g. run.output_dir=/shared/runs/NAME")
 
     # ------------------------------------------------------------ generation
     def _take(self, reply: GenerateReply) -> None:

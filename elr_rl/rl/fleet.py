@@ -42,6 +42,11 @@ class RolloutFleet:
 
         return ray.get([w.node_id.remote() for w in self.workers])
 
+    def sees(self, path: str) -> list[bool]:
+        import ray
+
+        return ray.get([w.sees.remote(path) for w in self.workers])
+
     def _new_worker(self, i: int):
         import ray
 

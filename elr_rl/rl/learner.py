@@ -133,6 +133,10 @@ class LearnerRank:
 
         return ray.get_runtime_context().get_node_id()
 
+    def sees(self, path: str) -> bool:
+        """Whether `path` exists where this rank runs (the run folder must be shared storage)."""
+        return os.path.exists(path)
+
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's IP as Ray knows it (the hostname can resolve to a loopback address, 127.0.1.1 on
         Debian, which ranks on other nodes cannot reach) and a free port on it."""
@@ -315,6 +319,11 @@ class LearnerGroup:
         import ray
 
         return ray.get([r.node_id.remote() for r in self.ranks])
+
+    def sees(self, path: str) -> list[bool]:
+        import ray
+
+        return ray.get([r.sees.remote(path) for r in self.ranks])
 
     def shutdown(self) -> None:
         import ray

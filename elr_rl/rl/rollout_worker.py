@@ -110,6 +110,10 @@ class RolloutWorker:
 
         return ray.get_runtime_context().get_node_id()
 
+    def sees(self, path: str) -> bool:
+        """Whether `path` exists where this worker runs (the run folder must be shared storage)."""
+        return os.path.exists(path)
+
     def set_k(self, k: int) -> None:
         if k != self.k:
             self.engine.set_k(k)

@@ -8,6 +8,10 @@ process group forms only when all ranks have joined). The RL learner
 
 from __future__ import annotations
 
+import copy
+import os
+import uuid
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -25,6 +29,10 @@ class RankActor:
 
         return ray.util.get_node_ip_address(), free_port()
 
+    def sees(self, path: str) -> bool:
+        """Whether `path` exists where this rank runs (the output folder must be shared storage)."""
+        return os.path.exists(path)
+
     def run(self, cfg: TrainConfig, rank: int, world_size: int, master_addr: str, master_port: int) -> Any:
         from elr_rl.train.rank import run_rank
 
@@ -32,8 +40,41 @@ class RankActor:
         return run_rank(cfg, rank, world_size, master_addr, master_port, local_rank=0)
 
 
+def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """A copy whose paths (output folder, init checkpoint, tokenizer, data files) are absolute: a rank actor's
+    working directory is its own (a Ray job's copy, another node's), not the launcher's."""
+    cfg = copy.deepcopy(cfg)
+    absolute = lambda p: str(Path(p).resolve())  # noqa: E731
+    cfg.run.output_dir = absolute(cfg.run.output_dir)
+    if cfg.model.init_from is not None:
+        cfg.model.init_from = absolute(cfg.model.init_from)
+    if cfg.model.tokenizer is not None:
+        cfg.model.tokenizer = absolute(cfg.model.tokenizer)
+    cfg.data.files = [absolute(f) for f in cfg.data.files]
+    return cfg
+
+
+def check_shared_output(actors: list, output_dir: str) -> None:
+    """Every rank writes its checkpoint shards into the output folder and reads them to resume: each must
+    see the folder the launcher made (on a cluster, storage all nodes share), or a resume would find
+    different checkpoints on different nodes."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / f".visible-{uuid.uuid4().hex}"
+    marker.write_text("written by the launcher; every rank must see it\n")
+    try:
+        blind = [i for i, ok in enumerate(ray.get([a.sees.remote(str(marker)) for a in actors])) if not ok]
+    finally:
+        marker.unlink(missing_ok=True)
+    if blind:
+        raise ValueError(
+            f"config field `run.output_dir`: {folder} is not visible from rank(s) {blind} (another node's file "
+            "system): put it on storage every node mounts at the same path (NFS, a parallel file system)")
+
+
 def launch_on_ray(cfg: TrainConfig) -> dict[str, Any] | None:
     """Run the ranks as Ray actors; returns rank 0's summary. Starts (and stops) Ray if not running."""
+    cfg = with_absolute_paths(cfg)
     d = cfg.dist
     started = not ray.is_initialized()
     if started:
@@ -43,6 +84,7 @@ def launch_on_ray(cfg: TrainConfig) -> dict[str, Any] | None:
         for _ in range(d.world_size)
     ]
     try:
+        check_shared_output(actors, cfg.run.output_dir)
         addr, port = ray.get(actors[0].address.remote())
         if d.master_port:
             port = d.master_port

@@ -95,3 +95,17 @@ def test_rl_job_runs_across_two_nodes(toy_checkpoint, tmp_path):
         if worker is not None:
             stop(worker)
         stop(head)
+
+
+def test_submit_refuses_a_relative_run_folder(tmp_path):
+    """The job's driver and actors each run in their own copy of the working directory: a relative
+    run.output_dir is refused before anything is submitted, with the change to make."""
+    cfg = tmp_path / "rl.yaml"
+    cfg.write_text("run:\n  output_dir: runs/mine\n")
+    env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:1", "ELR_PYTHON": sys.executable, "ELR_RAY": "false"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "submit.sh"), str(cfg)], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 2 and "run.output_dir=runs/mine is relative" in out.stderr
+    ok = subprocess.run(["bash", str(ROOT / "scripts" / "submit.sh"), str(cfg), f"run.output_dir={tmp_path}/run"],
+                        capture_output=True, text=True, env=env, timeout=60)
+    assert ok.returncode == 1  # got as far as `ray job submit` (here `false`)

@@ -87,3 +87,15 @@ def test_model_override_typo_names_the_field():
         build_model_config(cfg.model, cfg.loops)
     dory = load_config(TrainConfig, CONFIGS / "pretrain_tiny_dory.yaml", [])
     assert build_model_config(dory.model, dory.loops).loop_spec().backbone == "ngpt"
+
+
+def test_ray_ranks_get_absolute_paths(tmp_path, monkeypatch):
+    """A rank actor's working directory is its own: the launcher hands it absolute paths (its own config untouched)."""
+    from elr_rl.train.ray_ranks import with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs.txt").write_text("a document\n")
+    cfg = load_config(TrainConfig, CONFIGS / "pretrain_tiny.yaml", ["run.output_dir=runs/x", "data.files=[docs.txt]"])
+    out = with_absolute_paths(cfg)
+    assert out.run.output_dir == str(tmp_path / "runs" / "x") and out.data.files == [str(tmp_path / "docs.txt")]
+    assert cfg.run.output_dir == "runs/x" and cfg.data.files == ["docs.txt"]
