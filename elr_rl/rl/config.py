@@ -50,7 +50,7 @@ class RolloutConfig:
     prompts_per_request: int = 4
     """Prompts handed to a worker per generate call (smaller: finer-grained asynchrony; larger: a fuller
     decode batch, as the engine decodes prompts_per_request x group_size sequences together: at 47M
-    parameters on one CPU thread, 64 sequences generated at 30-40% of the matmul ceiling, 512 at 47-53%,
+    parameters on one CPU thread, 64 sequences generated at 30-40% of the matmul ceiling, 512 at 45-54%,
     prefill included: scripts/bench_rollout.py)."""
     episode_workers: int = 1
     """Processes of each rollout worker's scoring pool for multi-turn environments: every episode's turns
