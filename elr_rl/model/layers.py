@@ -52,6 +52,15 @@ class Rotary(nn.Module):
         """Recompute the frequencies (after building the module on the meta device)."""
         self.inv_freq = self._inv_freq()
 
+    def _apply(self, fn, recurse=True):
+        """Moves keep the frequencies in fp32: a module-wide cast (`model.to(torch.bfloat16)`, DeepSpeed's
+        bf16 engine before 0.19) would round them, and the rounding grows with the position into an angle
+        error of order position x 2^-9 rad (whole radians at 4-8k tokens)."""
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32 and not self.inv_freq.is_meta:
+            self.inv_freq = self._inv_freq().to(self.inv_freq.device)
+        return self
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: [..., T, H, hd], positions: [..., T]
         if self.rot == 0:

@@ -307,3 +307,17 @@ def test_k_above_K_is_refused():
     model = make()
     with pytest.raises(ValueError, match="max_loops"):
         model(torch.randint(0, 256, (1, 4)), k=5)
+
+
+def test_a_bf16_cast_keeps_the_rotary_frequencies_in_fp32():
+    """model.to(bf16) (and DeepSpeed's older bf16 engine) cast every float buffer: RoPE's frequencies stay
+    fp32, so angles at long positions do not drift (a bf16 frequency is off by up to 2^-9 of itself)."""
+    from elr_rl.model.layers import Rotary
+
+    model = LoopedForCausalLM(ElrConfig(hidden_size=64, intermediate_size=176, n_recurrent_layers=2))
+    fp32 = [m.inv_freq.clone() for m in model.modules() if isinstance(m, Rotary)]
+    model.to(torch.bfloat16)
+    rotaries = [m for m in model.modules() if isinstance(m, Rotary)]
+    assert rotaries and all(m.inv_freq.dtype == torch.float32 for m in rotaries)
+    assert all(torch.equal(m.inv_freq, f) for m, f in zip(rotaries, fp32))
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())  # the weights are cast as asked
