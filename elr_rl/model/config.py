@@ -254,6 +254,8 @@ class DoryConfig(PretrainedConfig):
     """
 
     model_type = "dory"
+    # The generic name libraries read (vLLM's model-level head size: else hidden_size / heads = 160, not 256)
+    attribute_map = {"head_dim": "attention_head_dim"}
 
     def __init__(
         self,

@@ -129,3 +129,9 @@ def test_a_checkpoint_sharded_by_save_pretrained_loads_as_one(tmp_path):
     (tmp_path / "sharded" / "model.safetensors.index.json").unlink()
     with pytest.raises(ValueError, match="no model.safetensors and no model.safetensors.index.json"):
         LoopedForCausalLM.from_pretrained(tmp_path / "sharded")
+
+
+def test_head_dim_is_the_released_attention_head_dim_and_adds_no_field():
+    cfg = DoryConfig()
+    assert cfg.head_dim == cfg.attention_head_dim == 256 and cfg.hidden_size // cfg.num_attention_heads == 160
+    assert "head_dim" not in cfg.to_dict()  # config.json keeps the released fields

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, engine_factory):
     path = tmp_path_factory.mktemp("dory_per_loop")
-    model = save_random(dory_config(recurrent_kv_cache_mode="per_loop"), path, seed=2)
+    # heads of 32 at hidden 64 (4 heads): as in the released model (16 x 256 at 2560), head size != hidden / heads
+    model = save_random(dory_config(recurrent_kv_cache_mode="per_loop", attention_head_dim=32), path, seed=2)
     engine = engine_factory(path, k=4, mode="per_loop")
     yield {"engine": engine, "model": model}
     engine.shutdown()
@@ -31,3 +32,8 @@ def test_dory_kv_cache_grows_with_k(served):
     per_token = [served["engine"].kv_bytes_per_token(k) for k in (1, 2, 3, 4)]
     steps = {b - a for a, b in zip(per_token, per_token[1:])}
     assert len(steps) == 1 and steps.pop() > 0, f"per_loop KV bytes/token should grow linearly in k: {per_token}"
+
+
+def test_vllm_reads_the_dory_head_size(served):
+    """vLLM's model-level head size (attention backends, KV page sizes) is attention_head_dim, not hidden / heads."""
+    assert served["engine"].llm.llm_engine.vllm_config.model_config.get_head_size() == 32
