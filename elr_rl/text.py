@@ -19,7 +19,9 @@ with a chat template of its own.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -28,6 +30,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _PROBE = "Probe question?"
 _PROBE_REPLY = "Probe answer."
 _PROBE_TOOL = "Probe observation."
+_PROBE_SYSTEM = "Probe system."
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,8 +59,8 @@ class TextCodec:
         self._template_kwargs: dict[str, Any] = {}
         if options.thinking is not None:
             self._template_kwargs["enable_thinking"] = bool(options.thinking)
+        self._system_role = True
         self._check_template()
-        self.observation_role = self._pick_observation_role()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -96,8 +100,7 @@ class TextCodec:
                 "(or a chat_template.jinja file)"
             )
         try:
-            ids = self.prompt_ids(_PROBE)
-            self.sft_ids(_PROBE, _PROBE_REPLY)
+            ids = self._render_ids_checked()
         except ValueError:
             raise
         except Exception as exc:
@@ -105,6 +108,40 @@ class TextCodec:
                              "fix `chat_template` in tokenizer_config.json") from None
         if not ids:
             raise ValueError(f"{self.source}: the chat template renders an empty prompt")
+
+    def _render_ids_checked(self) -> list[int]:
+        """Probe the template: a plain conversation renders; whether it takes a system message (Gemma's and
+        Mistral's raise: the system text then leads the user's message); the token that closes an
+        assistant turn is a stop id (a chat template may close turns with a token the generation
+        config does not list, e.g. <end_of_turn>)."""
+        try:
+            self._system_role = _PROBE_SYSTEM in self._render(
+                [{"role": "system", "content": _PROBE_SYSTEM}, {"role": "user", "content": _PROBE}], True)
+        except Exception:  # noqa: BLE001 - a template that refuses the role
+            self._system_role = False
+        ids = self.prompt_ids(_PROBE)
+        if not self._system_role:
+            log.warning("%s: the chat template has no system role: system prompts lead the user's message",
+                        self.source)
+        end = self._turn_end_id()
+        if end is not None and end not in self.stop_token_ids:
+            log.warning("%s: the chat template ends an assistant turn with %r, not a stop id of the generation "
+                        "config: added to the stop ids", self.source, self.tokenizer.convert_ids_to_tokens(end))
+            self.stop_token_ids = (*self.stop_token_ids, end)
+        self.sft_ids(_PROBE, _PROBE_REPLY)
+        return ids
+
+    def _turn_end_id(self) -> int | None:
+        """The first special token the template writes after an assistant message's content, if any."""
+        full = self._render([*self._messages(_PROBE), {"role": "assistant", "content": _PROBE_REPLY}], False)
+        at = full.rfind(_PROBE_REPLY)
+        if at < 0:
+            return None
+        special = {int(i) for i, tok in getattr(self.tokenizer, "added_tokens_decoder", {}).items()
+                   if getattr(tok, "special", False)}
+        special |= {int(i) for i in getattr(self.tokenizer, "all_special_ids", [])}
+        bos = self.tokenizer.bos_token_id
+        return next((t for t in self.encode_text(full[at + len(_PROBE_REPLY):]) if t in special and t != bos), None)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write the tokenizer files and generation_config.json (stop ids) into a checkpoint folder."""
@@ -128,6 +165,8 @@ class TextCodec:
     def _messages(self, prompt: str, system: str | None = None) -> list[dict[str, str]]:
         """[system?, user]: a task's own system message (a dataset's) wins over the run's system_prompt."""
         sys = system or self.options.system_prompt
+        if sys and not self._system_role:  # the template has no system role: the text leads the user's turn
+            return [{"role": "user", "content": f"{sys}\n\n{prompt}"}]
         return ([{"role": "system", "content": sys}] if sys else []) + [{"role": "user", "content": prompt}]
 
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
@@ -181,12 +220,13 @@ class TextCodec:
         bos = self.tokenizer.bos_token_id
         return ([int(bos)] if bos is not None else []) + self.encode_text(text) + [self.stop_token_ids[0]]
 
-    def _pick_observation_role(self) -> str:
-        """'tool' where the template renders tool messages, else 'user'."""
+    @functools.cached_property
+    def observation_role(self) -> str:
+        """'tool' where the template renders tool messages, else 'user' (found at the first multi-turn use)."""
         for role in ("tool", "user"):
             try:
                 text = self._observation_text(_PROBE_TOOL, role)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a template that refuses the role
                 continue
             if _PROBE_TOOL in text:
                 return role
@@ -194,26 +234,29 @@ class TextCodec:
                          "assistant turn; multi-turn environments need one of them")
 
     def _observation_text(self, text: str, role: str) -> str:
+        """What follows a model turn's end-of-turn token: the glue after it (a newline), the observation as a
+        `role` message and the next generation prompt. Read from one rendering of [..., assistant, observation],
+        cut just past the stop token that closes the assistant's content: templates that render earlier
+        turns differently once another message follows (Qwen3 drops a past turn's empty think block) agree
+        from there on."""
         msgs = [*self._messages(_PROBE), {"role": "assistant", "content": _PROBE_REPLY}]
-        before = self._render(msgs, False)
         after = self._render([*msgs, {"role": role, "content": text}], True)
-        if not after.startswith(before):
-            raise ValueError("history rendering is not incremental")
-        # Cut `before` right after the assistant's end-of-turn token: what the template writes
-        # after it (a newline) is glue that belongs before the observation.
-        glue_start = self._end_of_turn_offset(before)
-        return before[glue_start:] + after[len(before):]
+        at = after.rfind(_PROBE_REPLY)
+        end = self._end_of_turn_offset(after, at + len(_PROBE_REPLY)) if at >= 0 else -1
+        if end < 0:
+            raise ValueError("no end of turn after the assistant's content")
+        return after[end:]
 
-    def _end_of_turn_offset(self, rendered: str) -> int:
-        """Offset just past the last stop token's text in `rendered` (len(rendered) if none)."""
+    def _end_of_turn_offset(self, rendered: str, start: int) -> int:
+        """Offset just past the first stop token's text in `rendered` from `start` (-1 if none)."""
         best = -1
         for t in self.stop_token_ids:
             s = self.tokenizer.convert_ids_to_tokens(int(t))
             if isinstance(s, str) and s:
-                at = rendered.rfind(s)
-                if at >= 0:
-                    best = max(best, at + len(s))
-        return best if best >= 0 else len(rendered)
+                at = rendered.find(s, start)
+                if at >= 0 and (best < 0 or at + len(s) < best):
+                    best = at + len(s)
+        return best
 
     def observation_ids(self, text: str) -> list[int]:
         """An environment turn, rendered as a tool (or user) message plus the next generation prompt.

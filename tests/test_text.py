@@ -124,3 +124,59 @@ def test_transformers_auto_model_is_the_looped_model(tmp_path, fmt):
     ours = model.generate(prompt, 6, k=2).tokens
     theirs = hf.generate(prompt, max_new_tokens=6, do_sample=False)
     assert theirs[0, : ours.shape[1]].tolist() == ours[0].tolist()
+
+
+def _with_template(src, dst, template: str, special: tuple[str, ...] = ()):
+    """The BPE checkpoint's tokenizer with another chat template (and extra special tokens), saved to dst."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(src))
+    if special:
+        tok.add_special_tokens({"additional_special_tokens": list(special)})
+    tok.chat_template = template
+    tok.save_pretrained(str(dst))
+    (dst / "generation_config.json").write_text(json.dumps({"eos_token_id": tok.eos_token_id}))
+    return dst
+
+
+# Qwen3's habit: the last assistant turn carries an empty think block, which an earlier turn drops once
+# another message follows (history rendering is then not a prefix of the longer conversation).
+QWEN3_LIKE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'assistant' %}"
+    "{{ '<|im_start|>assistant\\n' }}{% if loop.last %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{{ m.content + '<|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Gemma's habits: no system role (the template raises), turns closed by <end_of_turn>, which the
+# generation config does not list (its eos is the tokenizer's).
+GEMMA_LIKE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{{ '<start_of_turn>' + ('model' if m.role == 'assistant' else m.role) + '\\n' + m.content + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+
+
+def test_a_template_whose_history_is_not_incremental_loads_and_glues_observations(bpe_dir, tmp_path):
+    codec = TextCodec.load(_with_template(bpe_dir, tmp_path, QWEN3_LIKE))
+    tok = codec.tokenizer
+    assert tok.decode(codec.prompt_ids("q")) == "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    assert codec.observation_role == "tool"
+    # after a sampled turn's <|im_end|>: the glue, the observation, the next generation prompt
+    assert tok.decode(codec.observation_ids("ls: ok")) == "\n<|im_start|>tool\nls: ok<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_template_without_system_role_takes_the_system_text_in_the_user_turn(bpe_dir, tmp_path):
+    codec = TextCodec.load(_with_template(bpe_dir, tmp_path, GEMMA_LIKE, ("<start_of_turn>", "<end_of_turn>")),
+                           ChatOptions(system_prompt="Be brief."))
+    tok = codec.tokenizer
+    assert tok.decode(codec.prompt_ids("q")) == "<start_of_turn>user\nBe brief.\n\nq<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.decode(codec.prompt_ids("q", system="Dataset system.")).startswith("<start_of_turn>user\nDataset system.")
+    # the turn's closing token stops generation, though the generation config names only the eos
+    end_of_turn = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert codec.stop_token_ids == (tok.eos_token_id, end_of_turn)
+    ids, mask = codec.sft_ids("q", "<answer>1</answer>")
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == "<answer>1</answer><end_of_turn>"
+    assert codec.decode(tok.encode("<answer>1</answer><end_of_turn>\nmore", add_special_tokens=False)) == "<answer>1</answer>"
