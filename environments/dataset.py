@@ -56,7 +56,8 @@ class DatasetSpec:
     response_key: Optional[str] = None
     """Column holding a full solution: the SFT target, and the reference response of `envs check`."""
     answer_regex: Optional[str] = None
-    """Regex whose first group extracts the answer from the answer column (GSM8K: `####\\s*(.+)$`)."""
+    """Regex whose first group extracts the answer from the answer column (GSM8K: `####\\s*(.+)$`); `$` ends a
+    line and `.` stops at a newline (start the pattern with `(?s)` to let it cross lines)."""
     answer_tag: bool = True
     """True: the prompt asks for <answer>...</answer> and only that span is checked; False: the whole
     completion goes to the verifier (math-verify then finds the last \\boxed{} or stated answer)."""
@@ -203,7 +204,8 @@ def load_rows(spec: DatasetSpec, verifier: Any) -> tuple[dict[int, Row], LoadRep
     """seed -> Row for every usable row, and a report of what was skipped."""
     report, rows = LoadReport(), {}
     tables = _read_tables(spec)
-    answer_re = re.compile(spec.answer_regex, re.DOTALL | re.MULTILINE) if spec.answer_regex else None
+    # MULTILINE: `$` ends a line; no DOTALL, so `(.+)` stops at the line's end (`(?s)` in the pattern turns it on)
+    answer_re = re.compile(spec.answer_regex, re.MULTILINE) if spec.answer_regex else None
     for label, table in tables:
         _check_columns(spec, label, list(table.column_names))
         for index, record in enumerate(table):
@@ -261,9 +263,10 @@ def _make_row(spec: DatasetSpec, verifier: Any, answer_re: re.Pattern | None, re
     answer = raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str)
     if answer_re is not None:
         m = answer_re.search(answer)
-        if not m:
+        found = (m.group(1) if answer_re.groups else m.group(0)) if m else None
+        if not found or not found.strip():  # no match, or an optional group that took no part in it
             raise _BadRow(spec.answer_key, "answer_regex", f"answer_regex {spec.answer_regex!r} finds nothing")
-        answer = m.group(1).strip()
+        answer = found.strip()
     try:
         # numbers become text ("72"); lists and mappings (tests, schemas) reach the verifier as they are
         expected = verifier.prepare(raw if isinstance(raw, (dict, list)) and answer_re is None else answer)
@@ -273,8 +276,12 @@ def _make_row(spec: DatasetSpec, verifier: Any, answer_re: re.Pattern | None, re
     if spec.difficulty_key:
         d = record.get(spec.difficulty_key)
         try:
-            difficulty = int(str(d).strip().removeprefix("Level ").strip())  # MATH's "Level 3"
-        except (TypeError, ValueError):
+            text = str(d).strip().removeprefix("Level ").strip()  # MATH's "Level 3"
+            number = float(text)  # 3.0: a numeric column with nulls is read as floats
+            if not number.is_integer():
+                raise ValueError(text)
+            difficulty = int(number)
+        except (TypeError, ValueError, OverflowError):
             raise _BadRow(spec.difficulty_key, "difficulty", f"is {d!r}, not an integer") from None
         if difficulty < 1:
             raise _BadRow(spec.difficulty_key, "difficulty", f"is {difficulty}, difficulties start at 1")

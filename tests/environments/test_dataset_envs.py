@@ -84,6 +84,23 @@ def test_whole_completion_mode_and_answer_regex(tmp_path, fresh_registry):
     assert env.score(task, "The answer is \\boxed{71}.").reward == 0.0
 
 
+def test_answer_regex_reads_one_line_and_an_unmatched_optional_group_is_a_bad_row(tmp_path, fresh_registry):
+    """`(.+)$` stops at the line's end (an explanation on the next line is not the answer); an optional group
+    that took no part in the match is a counted bad row, not a crash."""
+    rows = [{"q": "2 + 5?", "a": "Answer: 7\nExplanation: because"}, {"q": "1 + 1?", "a": "no marker here"},
+            {"q": "3 + 3?", "a": "Answer: 6", "level": 2.0}]
+    for row in rows[:2]:
+        row["level"] = 1.0  # a numeric column with nulls elsewhere comes back as floats
+    path = write_parquet(tmp_path / "r.parquet", rows)
+    [name] = registry.resolve_envs([{"name": "lines", "data": path, "prompt_key": "q", "answer_key": "a",
+                                     "difficulty_key": "level", "answer_regex": r"(?:Answer:\s*(.+)$)?",
+                                     "on_bad_row": "skip"}])
+    env = registry.get_env(name)
+    answers = sorted((d, env.generate(s, d).answer) for d, s in env.prompt_keys())
+    assert answers == [(1, "7"), (2, "6")]
+    assert env.report.skipped == {"answer_regex": 1}
+
+
 @pytest.mark.parametrize(
     "rows,entry,match",
     [
