@@ -12,6 +12,9 @@ def ray_local():
     import ray
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    started = not ray.is_initialized()  # another package's session cluster, when tests run in another order
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
-    ray.shutdown()
+    if started:
+        ray.shutdown()
