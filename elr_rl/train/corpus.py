@@ -15,7 +15,7 @@ import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -181,6 +181,30 @@ def check_jsonl_rows(path: str | Path, fields: list[str]) -> None:
                                  f"(keys: {sorted(row)[:8]}); fix the row or set the field names in data")
 
 
+def check_text_columns(rows: Any, fields: list[str], paths: list[str], nonempty: bool) -> None:
+    """Every row holds text in `fields` (and, with `nonempty`, not an empty string: an SFT row without a prompt
+    would be trained as plain text, one without a response on nothing); else a ValueError naming the column,
+    how many rows and the first."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = rows.data.table if hasattr(rows.data, "table") else rows.data
+    for field in fields:
+        col = table.column(field)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type)):
+            raise ValueError(f"config field `data.files`: column {field!r} of {paths} holds {col.type}, not text; "
+                             "point the field at a text column or convert it")
+        bad = pc.is_null(col)
+        if nonempty:
+            bad = pc.or_(bad, pc.equal(pc.utf8_length(col), 0)) if not pa.types.is_null(col.type) else bad
+        count = int(pc.sum(pc.cast(pc.fill_null(bad, True), pa.int64())).as_py() or 0)
+        if count:
+            first = int(pc.index(pc.fill_null(bad, True), True).as_py())
+            what = "null or empty" if nonempty else "null"
+            raise ValueError(f"config field `data.files`: {count} row(s) of {paths} have a {what} {field!r} "
+                             f"(the first: row {first}); fix or remove them")
+
+
 class FileSource:
     """Rows of local files through `datasets`, visited in a fresh permutation every epoch."""
 
@@ -208,6 +232,8 @@ class FileSource:
             )
         if len(self.rows) == 0:
             raise ValueError(f"config field `data.files`: {paths} hold no rows")
+        if builder != "text":  # .json / .parquet rows skip check_jsonl_rows: a null would become the text "None"
+            check_text_columns(self.rows, need, paths, nonempty=stage != "pretrain")
         self.stage, self.seed, self.name = stage, seed, "files"
         self.text_field, self.prompt_field, self.response_field = text_field, prompt_field, response_field
 

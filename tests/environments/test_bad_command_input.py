@@ -182,3 +182,33 @@ def test_actors_get_the_runs_sandbox_settings(monkeypatch):
     assert env["working_dir"] == "/job"
     assert env["env_vars"]["ELR_SANDBOX_TIER"] == "unshare" and env["env_vars"]["ELR_SANDBOX_DIR"] == "/srv/jobs"
     assert env["env_vars"]["A"] == "1" and env["env_vars"]["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".json"])
+def test_sft_rows_without_text_are_refused_whatever_the_file_type(tmp_path, suffix):
+    """A null prompt or response in a .parquet / .json file would be trained as the text "None", an empty
+    prompt as plain text: refused before training, naming the column, the count and the first row."""
+    from datasets import Dataset
+
+    from elr_rl.train.corpus import FileSource
+
+    rows = [{"prompt": "q1", "response": "a1"}, {"prompt": "q2", "response": None}, {"prompt": "", "response": "a3"}]
+    path = tmp_path / f"sft{suffix}"
+    if suffix == ".parquet":
+        Dataset.from_list(rows).to_parquet(str(path))
+    else:
+        path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"1 row\(s\) of .* have a null or empty 'prompt' \(the first: row 2\)"):
+        FileSource([str(path)], "sft", "text", "prompt", "response", seed=0)
+    rows[2]["prompt"] = "q3"
+    path.unlink()
+    if suffix == ".parquet":
+        Dataset.from_list(rows).to_parquet(str(path))
+    else:
+        path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"null or empty 'response' \(the first: row 1\)"):
+        FileSource([str(path)], "sft", "text", "prompt", "response", seed=0)
+    rows[1]["response"] = "a2"
+    path.unlink()
+    Dataset.from_list(rows).to_parquet(str(path)) if suffix == ".parquet" else path.write_text(json.dumps(rows))
+    assert len(FileSource([str(path)], "sft", "text", "prompt", "response", seed=0).rows) == 3
