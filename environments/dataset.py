@@ -320,12 +320,18 @@ class DatasetEnvironment(Environment):
         return [(self.rows[s].difficulty, s) for s in sorted(self.rows)]
 
     def sft_pair(self, index: int) -> tuple[str, str]:
-        """(prompt, response) of the index-th row (in row-hash order, cycling) for SFT."""
+        """(prompt, response) of the index-th row (in row-hash order, cycling) for SFT. Where the prompt asks
+        for <answer>...</answer> (answer_tag) and the solution has no such span (GSM8K's ends in `#### 72`),
+        the row's answer follows it in one: SFT teaches the format the reward reads."""
         if not self.spec.response_key:
             raise ValueError(f"dataset environment {self.name!r}: SFT needs response_key (a solution column)")
         seeds = sorted(self.rows)
         row = self.rows[seeds[index % len(seeds)]]
-        return self._prompt_text(row), row.response or "", self.spec.system_prompt or None
+        response = row.response or ""
+        if self.spec.answer_tag and extract_answer(response) is None:
+            response = f"{response.rstrip()}\n\n{self._wrap(row.answer_text)}" if response.strip() else \
+                self._wrap(row.answer_text)
+        return self._prompt_text(row), response, self.spec.system_prompt or None
 
     def _prompt_text(self, row: Row) -> str:
         parts = [row.prompt.strip()]  # the system prompt travels as Task.system (a chat system message)

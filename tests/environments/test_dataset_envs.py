@@ -312,6 +312,14 @@ def test_sft_documents_come_from_the_response_column(tmp_path, fresh_registry):
     assert {d.response for d in docs} == {r["solution"] for r in rows}
     assert all(d.prompt.startswith("What is") and "<answer>" in d.prompt for d in docs)
 
+    # a solution without the answer span the prompt asks for (GSM8K's `#### 72`) gets the row's answer in one
+    gsm = [{"q": "Natalia sold 48 clips ...", "a": "She sold 48/2 = 24 in May.\n#### 72"}]
+    gpath = write_parquet(tmp_path / "g.parquet", gsm)
+    [name] = registry.resolve_envs([{"name": "gsm8k_sft", "data": gpath, "prompt_key": "q", "answer_key": "a",
+                                     "response_key": "a", "answer_regex": r"####\s*(.+)$"}])
+    prompt, response, _ = registry.get_env(name).sft_pair(0)
+    assert "<answer>" in prompt and response == "She sold 48/2 = 24 in May.\n#### 72\n\n<answer>72</answer>"
+
 
 def test_system_prompt_is_a_chat_system_message_in_every_stage(tmp_path, fresh_registry):
     """A dataset's system_prompt is not glued to the user text: the chat template renders it as a
