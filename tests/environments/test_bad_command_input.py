@@ -192,23 +192,18 @@ def test_sft_rows_without_text_are_refused_whatever_the_file_type(tmp_path, suff
 
     from elr_rl.train.corpus import FileSource
 
-    rows = [{"prompt": "q1", "response": "a1"}, {"prompt": "q2", "response": None}, {"prompt": "", "response": "a3"}]
     path = tmp_path / f"sft{suffix}"
-    if suffix == ".parquet":
-        Dataset.from_list(rows).to_parquet(str(path))
-    else:
-        path.write_text(json.dumps(rows))
+
+    def load(rows):
+        path.unlink(missing_ok=True)
+        Dataset.from_list(rows).to_parquet(str(path)) if suffix == ".parquet" else path.write_text(json.dumps(rows))
+        return FileSource([str(path)], "sft", "text", "prompt", "response", seed=0)
+
+    rows = [{"prompt": "q1", "response": "a1"}, {"prompt": "q2", "response": None}, {"prompt": "", "response": "a3"}]
     with pytest.raises(ValueError, match=r"1 row\(s\) of .* have a null or empty 'prompt' \(the first: row 2\)"):
-        FileSource([str(path)], "sft", "text", "prompt", "response", seed=0)
+        load(rows)
     rows[2]["prompt"] = "q3"
-    path.unlink()
-    if suffix == ".parquet":
-        Dataset.from_list(rows).to_parquet(str(path))
-    else:
-        path.write_text(json.dumps(rows))
     with pytest.raises(ValueError, match=r"null or empty 'response' \(the first: row 1\)"):
-        FileSource([str(path)], "sft", "text", "prompt", "response", seed=0)
+        load(rows)
     rows[1]["response"] = "a2"
-    path.unlink()
-    Dataset.from_list(rows).to_parquet(str(path)) if suffix == ".parquet" else path.write_text(json.dumps(rows))
-    assert len(FileSource([str(path)], "sft", "text", "prompt", "response", seed=0).rows) == 3
+    assert len(load(rows).rows) == 3
