@@ -304,6 +304,9 @@ def write_generation_config(path: str | Path, tokenizer: Any, stop_tokens: Seque
     ids = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
     ids += [int(tokenizer.convert_tokens_to_ids(t)) for t in stop_tokens]
     ids = list(dict.fromkeys(ids))
+    if not ids:
+        raise ValueError("the tokenizer has no eos token and no stop tokens were named: set its eos_token "
+                         "(tokenizer_config.json) or pass the end-of-turn token as a stop token")
     cfg: dict[str, Any] = {"eos_token_id": ids if len(ids) > 1 else ids[0]}
     for name in ("bos_token_id", "pad_token_id"):
         v = getattr(tokenizer, name, None)

@@ -180,3 +180,13 @@ def test_a_template_without_system_role_takes_the_system_text_in_the_user_turn(b
     ids, mask = codec.sft_ids("q", "<answer>1</answer>")
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == "<answer>1</answer><end_of_turn>"
     assert codec.decode(tok.encode("<answer>1</answer><end_of_turn>\nmore", add_special_tokens=False)) == "<answer>1</answer>"
+
+
+def test_generation_config_without_any_stop_token_is_refused_clearly(tmp_path):
+    from types import SimpleNamespace
+
+    from elr_rl.text import write_generation_config
+
+    with pytest.raises(ValueError, match="no eos token and no stop tokens"):
+        write_generation_config(tmp_path, SimpleNamespace(eos_token_id=None))
+    assert not (tmp_path / "generation_config.json").exists()
