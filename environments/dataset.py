@@ -181,11 +181,25 @@ def _read_tables(spec: DatasetSpec) -> list[tuple[str, Any]]:
     out = []
     for p in paths:
         try:
-            out.append((p, datasets.load_dataset(builder, data_files=[p], split="train")))
+            out.append((p, datasets.load_dataset(builder, data_files=[p], split="train", **_csv_as_text(builder, p))))
         except Exception as exc:  # an unreadable or empty file: say which
             raise ValueError(f"dataset environment {spec.name!r}: cannot read {p} ({type(exc).__name__}: "
                              f"{str(exc)[:200]})") from None
     return out
+
+
+def _csv_as_text(builder: str, path: str) -> dict[str, Any]:
+    """A CSV's columns read as the text they are: inferred types would turn an answer "2" into "2.0" in a
+    column with an empty cell, and "007" into "7", before an exact verifier sees them."""
+    if builder != "csv":
+        return {}
+    import csv
+
+    import datasets
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        header = next(csv.reader(f), [])
+    return {"features": datasets.Features({name: datasets.Value("string") for name in header})} if header else {}
 
 
 def _check_columns(spec: DatasetSpec, label: str, columns: list[str]) -> None:

@@ -343,3 +343,14 @@ def test_system_prompt_is_a_chat_system_message_in_every_stage(tmp_path, fresh_r
     doc = EnvironmentSource(str(spec), seed=0).document(0, 1)
     ids, _ = tokenize_document(doc, codec, "sft")
     assert codec.tokenizer.decode(ids).startswith("<|bos|>system: You are terse.<|sep|>What is")
+
+
+def test_csv_answers_keep_their_text(tmp_path, fresh_registry):
+    """A CSV column with an empty cell is not read as floats: "2" stays "2" and "007" stays "007"."""
+    path = tmp_path / "t.csv"
+    path.write_text("q,a,level\nwhat is 1+1?,2,1\nwho?,,2\nbond?,007,1\n")
+    [name] = registry.resolve_envs([{"name": "csvtext", "data": str(path), "prompt_key": "q", "answer_key": "a",
+                                     "difficulty_key": "level", "verifier": "exact", "on_bad_row": "skip"}])
+    env = registry.get_env(name)
+    assert sorted(env.generate(s, d).answer for d, s in env.prompt_keys()) == ["007", "2"]
+    assert env.report.skipped == {"null": 1}
