@@ -32,6 +32,7 @@ from elr_rl.rl.messages import AsyncMode, GenerateReply, Group
 from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
 from elr_rl.rl.samples import RolloutBuffer, learner_batches, select_samples
 from elr_rl.rl.stats import BatchInfo, StepWindow
+from elr_rl.train.rank import check_shared_folder
 from elr_rl.train.schedule import warmup_factor
 from elr_rl.text import TextCodec
 
@@ -176,26 +177,8 @@ class Driver:
         self.fleet = RolloutFleet(c, str(resume) if resume else c.model_path, self.version)
         self.fleet.start()
         self.placement = {"learner": self.learner.node_ids(), "rollout": self.fleet.node_ids()}
-        self._check_shared_run_folder()
-
-    def _check_shared_run_folder(self) -> None:
-        """Learner ranks write the checkpoints into the run folder and restarted workers load them from
-        there: every actor must see it (on a cluster, storage all nodes share), or a run would scatter its
-        checkpoints over nodes' local disks and resume from nothing."""
-        import uuid
-
-        marker = self.run_dir / f".visible-{uuid.uuid4().hex}"
-        marker.write_text("written by the driver; every learner rank and rollout worker must see it\n")
-        try:
-            blind = [f"learner rank {i}" for i, ok in enumerate(self.learner.sees(str(marker))) if not ok]
-            blind += [f"rollout worker {i}" for i, ok in enumerate(self.fleet.sees(str(marker))) if not ok]
-        finally:
-            marker.unlink(missing_ok=True)
-        if blind:
-            raise ValueError(
-                f"config field `run.output_dir`: {self.run_dir} is not visible from {', '.join(blind)} (another "
-                "node's file system): put the run folder on storage every node mounts at the same path "
-                "(NFS, a parallel file system), e.g. run.output_dir=/shared/runs/NAME")
+        # learner ranks write the checkpoints, restarted workers and resumed runs read them
+        check_shared_folder(self.run_dir, {"learner rank": self.learner.sees, "rollout worker": self.fleet.sees})
 
     # ------------------------------------------------------------ generation
     def _take(self, reply: GenerateReply) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from elr_rl.train.config import TrainConfig
 
@@ -17,6 +18,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def check_shared_folder(folder: str | Path, askers: dict[str, Callable[[str], list[bool]]]) -> None:
+    """Every actor must see the run folder: ranks write their checkpoints there, resumed runs and restarted
+    workers read them back, so on a cluster it must be storage all nodes mount. `askers`: a label ("rank") ->
+    a function asking each such actor whether a path exists where it runs. ValueError naming the blind ones."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / f".visible-{uuid.uuid4().hex}"
+    marker.write_text("written by the launcher; every actor of the run must see it\n")
+    try:
+        blind = [f"{label} {i}" for label, ask in askers.items() for i, ok in enumerate(ask(str(marker))) if not ok]
+    finally:
+        marker.unlink(missing_ok=True)
+    if blind:
+        raise ValueError(
+            f"config field `run.output_dir`: {folder} is not visible from {', '.join(blind)} (another node's file "
+            "system): put the run folder on storage every node mounts at the same path (NFS, a parallel file "
+            "system), e.g. run.output_dir=/shared/runs/NAME")
 
 
 def run_rank(cfg: TrainConfig, rank: int, world_size: int, master_addr: str, master_port: int,

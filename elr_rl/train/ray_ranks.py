@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from elr_rl.train.config import TrainConfig
+from elr_rl.train.rank import check_shared_folder
 
 
 @ray.remote
@@ -54,24 +54,6 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-def check_shared_output(actors: list, output_dir: str) -> None:
-    """Every rank writes its checkpoint shards into the output folder and reads them to resume: each must
-    see the folder the launcher made (on a cluster, storage all nodes share), or a resume would find
-    different checkpoints on different nodes."""
-    folder = Path(output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    marker = folder / f".visible-{uuid.uuid4().hex}"
-    marker.write_text("written by the launcher; every rank must see it\n")
-    try:
-        blind = [i for i, ok in enumerate(ray.get([a.sees.remote(str(marker)) for a in actors])) if not ok]
-    finally:
-        marker.unlink(missing_ok=True)
-    if blind:
-        raise ValueError(
-            f"config field `run.output_dir`: {folder} is not visible from rank(s) {blind} (another node's file "
-            "system): put it on storage every node mounts at the same path (NFS, a parallel file system)")
-
-
 def launch_on_ray(cfg: TrainConfig) -> dict[str, Any] | None:
     """Run the ranks as Ray actors; returns rank 0's summary. Starts (and stops) Ray if not running."""
     cfg = with_absolute_paths(cfg)
@@ -84,7 +66,7 @@ def launch_on_ray(cfg: TrainConfig) -> dict[str, Any] | None:
         for _ in range(d.world_size)
     ]
     try:
-        check_shared_output(actors, cfg.run.output_dir)
+        check_shared_folder(cfg.run.output_dir, {"rank": lambda p: ray.get([a.sees.remote(p) for a in actors])})
         addr, port = ray.get(actors[0].address.remote())
         if d.master_port:
             port = d.master_port

@@ -55,17 +55,13 @@ def test_a_run_folder_some_actor_cannot_see_is_refused_by_name(tmp_path):
     """Checkpoints are written by learner ranks and read by restarted workers: an actor on a node without
     the run folder (not shared storage) stops the start with the field to change, and leaves no marker."""
     import os
-    from types import SimpleNamespace
 
-    cfg = RLConfig(model_path="unused")
-    cfg.run.output_dir = str(tmp_path / "run")
-    d = Driver(cfg)
-    d.run_dir.mkdir(parents=True)
-    here = lambda path: [os.path.exists(path)]  # noqa: E731 - an actor on the driver's node
-    d.learner, d.fleet = SimpleNamespace(sees=here), SimpleNamespace(sees=lambda path: here(path) + [False])
+    from elr_rl.train.rank import check_shared_folder
+
+    run = tmp_path / "run"
+    here = lambda path: [os.path.exists(path)]  # noqa: E731 - an actor on the launcher's node
     with pytest.raises(ValueError, match=r"run\.output_dir.*not visible from rollout worker 1"):
-        d._check_shared_run_folder()
-    assert list(d.run_dir.iterdir()) == []
-    d.fleet = SimpleNamespace(sees=here)
-    d._check_shared_run_folder()  # every actor sees it: the start goes on
-    assert list(d.run_dir.iterdir()) == []
+        check_shared_folder(run, {"learner rank": here, "rollout worker": lambda path: here(path) + [False]})
+    assert list(run.iterdir()) == []
+    check_shared_folder(run, {"learner rank": here, "rollout worker": here})  # every actor sees it: go on
+    assert list(run.iterdir()) == []
