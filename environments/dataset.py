@@ -20,6 +20,7 @@ import glob
 import hashlib
 import json
 import logging
+import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -40,7 +41,9 @@ class DatasetSpec:
     name: str
     """Environment name (prompt ids are `name/d<difficulty>/s<row hash>`); must not be a registered one."""
     data: Any = None
-    """A file, a glob, a list of files (parquet, jsonl, json, csv: one kind) or a `save_to_disk` folder."""
+    """A file, a glob, a list of files (parquet, jsonl, json, csv: one kind) or a `save_to_disk` folder; a relative
+    path is taken from the working directory where the spec is registered (the RL driver's), and kept absolute
+    for the processes that read the rows (Ray actors run in working directories of their own)."""
     split: str = "train"
     """Split of a saved DatasetDict folder (files are one split: point `data` at the held-out file instead)."""
     prompt_key: str = "prompt"
@@ -105,7 +108,9 @@ class DatasetSpec:
             raise ValueError(f"a dataset environment entry needs a name: {entry}")
         spec = cls(**entry)
         if isinstance(spec.data, (list, tuple)):
-            spec.data = [str(p) for p in spec.data]
+            spec.data = [os.path.abspath(str(p)) for p in spec.data]
+        elif spec.data is not None:
+            spec.data = os.path.abspath(str(spec.data))
         spec.validate()
         return spec
 

@@ -354,3 +354,18 @@ def test_csv_answers_keep_their_text(tmp_path, fresh_registry):
     env = registry.get_env(name)
     assert sorted(env.generate(s, d).answer for d, s in env.prompt_keys()) == ["007", "2"]
     assert env.report.skipped == {"null": 1}
+
+
+def test_relative_data_paths_are_kept_absolute_for_other_working_directories(tmp_path, fresh_registry, monkeypatch):
+    """Ray actors run in working directories of their own: a spec registered with a relative path carries
+    the absolute one to them (through the environment), and its rows load from anywhere."""
+    (tmp_path / "data").mkdir()
+    write_parquet(tmp_path / "data" / "m.parquet", MATH_ROWS)
+    monkeypatch.chdir(tmp_path)
+    [name] = registry.resolve_envs([math_entry("data/m.parquet")])
+    assert str(tmp_path / "data" / "m.parquet") in registry.os.environ[registry.SPECS_ENV]
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    monkeypatch.chdir(other)
+    registry.refresh()  # as a spawned actor: the specs come from the environment
+    assert len(registry.get_env(name).prompt_keys()) == 3
