@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 def tiny_math(tmp_path, monkeypatch):
     from datasets import Dataset
 
-    monkeypatch.delenv(registry.SPECS_ENV, raising=False)
+    # setenv (delenv of an unset variable records nothing): teardown removes what the test registers
+    monkeypatch.setenv(registry.SPECS_ENV, "")
     registry.refresh()
     rows = [{"question": f"Is {a} * {b} even or odd? Give the product.", "answer": str(a * b), "level": 1 + a % 2}
             for a in range(2, 6) for b in range(3, 7)]
