@@ -13,6 +13,11 @@ else in the project knows a token id.
                          appended after a model turn's own sampled ids (never re-tokenised)
     decode(ids)          the response text the reward sees: cut at the first stop id, without it
 
+Text inside a message is text: a prompt, a response or a tool's output that contains the
+text of a control token (`<|im_end|>`, `<|im_start|>`, the eos...) is encoded as ordinary
+characters, so it cannot forge a turn boundary or cut an SFT response at a fake stop id.
+Messages without such text encode exactly as `apply_chat_template(..., tokenize=True)` does.
+
 The byte-level tokenizer (`elr_rl.model.tokenizer`) is one tokenizer among others
 with a chat template of its own.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -31,6 +37,7 @@ _PROBE = "Probe question?"
 _PROBE_REPLY = "Probe answer."
 _PROBE_TOOL = "Probe observation."
 _PROBE_SYSTEM = "Probe system."
+_MARKER_BASE = 0x100000  # private-use characters that stand in for control text inside messages (plane 16)
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +48,8 @@ class ChatOptions:
     system_prompt: Optional[str] = None
     """A system message put before every prompt (None: none)."""
     thinking: Optional[bool] = None
-    """Thinking on/off for templates that have the switch (`enable_thinking`); None: the template's default."""
+    """Thinking on/off for templates that have the switch (`enable_thinking`; refused on a template without
+    it); None: the template's default."""
 
 
 class TextCodec:
@@ -108,6 +116,30 @@ class TextCodec:
                              "fix `chat_template` in tokenizer_config.json") from None
         if not ids:
             raise ValueError(f"{self.source}: the chat template renders an empty prompt")
+        if self.options.thinking is not None and self._thinking_suffix is None:
+            raise ValueError(
+                f"{self.source}: `chat.thinking: {str(self.options.thinking).lower()}` is set, but the chat template has "
+                "no thinking switch (enable_thinking changes nothing it renders); set `chat.thinking: null` "
+                "(`rollout.chat.thinking`, `data.chat.thinking`; eval: leave out --thinking)")
+
+    @functools.cached_property
+    def _thinking_suffix(self) -> str | None:
+        """What thinking off adds to the generation prompt (an empty think block); '' if it removes something
+        instead, None where the template ignores `enable_thinking`."""
+        msgs = self._messages(_PROBE)
+        on, off = (self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                                      enable_thinking=v) for v in (True, False))
+        if on == off:
+            return None
+        return off[len(on):] if off.startswith(on) else ""
+
+    @functools.cached_property
+    def _think_open(self) -> str | None:
+        """The token that opens the empty think block thinking off writes (`<think>`), if it is one token."""
+        ids = self.encode_text((self._thinking_suffix or "").lstrip())
+        added = {getattr(t, "content", str(t)) for t in getattr(self.tokenizer, "added_tokens_decoder", {}).values()}
+        first = self.tokenizer.convert_ids_to_tokens(ids[0]) if ids else None
+        return first if first in added else None
 
     def _render_ids_checked(self) -> list[int]:
         """Probe the template: a plain conversation renders; whether it takes a system message (Gemma's and
@@ -128,6 +160,7 @@ class TextCodec:
             log.warning("%s: the chat template ends an assistant turn with %r, not a stop id of the generation "
                         "config: added to the stop ids", self.source, self.tokenizer.convert_ids_to_tokens(end))
             self.stop_token_ids = (*self.stop_token_ids, end)
+            self.__dict__.pop("_controls", None)  # the new stop id is a control token too
         self.sft_ids(_PROBE, _PROBE_REPLY)
         return ids
 
@@ -137,11 +170,15 @@ class TextCodec:
         at = full.rfind(_PROBE_REPLY)
         if at < 0:
             return None
+        bos = self.tokenizer.bos_token_id
+        return next((t for t in self.encode_text(full[at + len(_PROBE_REPLY):])
+                     if t in self._special_ids and t != bos), None)
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
         special = {int(i) for i, tok in getattr(self.tokenizer, "added_tokens_decoder", {}).items()
                    if getattr(tok, "special", False)}
-        special |= {int(i) for i in getattr(self.tokenizer, "all_special_ids", [])}
-        bos = self.tokenizer.bos_token_id
-        return next((t for t in self.encode_text(full[at + len(_PROBE_REPLY):]) if t in special and t != bos), None)
+        return frozenset(special | {int(i) for i in getattr(self.tokenizer, "all_special_ids", [])})
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write the tokenizer files and generation_config.json (stop ids) into a checkpoint folder."""
@@ -151,6 +188,99 @@ class TextCodec:
         ids = list(self.stop_token_ids)
         cfg["eos_token_id"] = ids if len(ids) > 1 else ids[0]
         gen.write_text(json.dumps(cfg, indent=2) + "\n")
+
+    # ------------------------------------------------------------------ control tokens inside messages
+    @functools.cached_property
+    def _controls(self) -> tuple[str, ...]:
+        """The texts of the tokens that structure a conversation: the stop ids, bos/eos/pad/unk and the special
+        tokens the template writes around messages (`<|im_start|>`, `<start_of_turn>`...), longest first.
+        Special tokens a message may rightly hold as tokens (a response's `<think>` block) are not among them."""
+        tok = self.tokenizer
+        ids = set(self.stop_token_ids)
+        ids |= {int(i) for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id,
+                                 getattr(tok, "unk_token_id", None)) if i is not None}
+        rendered = self._render(self._messages(_PROBE, _PROBE_SYSTEM), False)
+        ids |= {t for t in self.encode_text(rendered) if t in self._special_ids}
+        # added tokens only: a pad (or stop) id set to an ordinary token is text the tokenizer splits anyway
+        added = self._special_ids | {int(i) for i in getattr(tok, "added_tokens_decoder", {})}
+        texts = {s for s in tok.convert_ids_to_tokens(sorted(ids & added)) if isinstance(s, str) and s}
+        return tuple(sorted(texts, key=lambda s: (-len(s), s)))
+
+    @functools.cached_property
+    def _control_re(self) -> re.Pattern | None:
+        return re.compile("|".join(map(re.escape, self._controls))) if self._controls else None
+
+    def _guard(self, contents: Sequence[str]) -> dict[str, str]:
+        """{marker: control text} for the control texts written in `contents` (empty in the usual case).
+
+        A marker is a private-use character none of the contents holds: it stands in for the control text
+        while the template renders (so a template that edits contents edits them as it would the text), and is
+        encoded as that text's ordinary characters. The fixed markers (one per control, from U+100000) are
+        the ones `_marker_backend` turns back into text; contents holding one of them get others."""
+        found = sorted({m for c in contents if c for m in self._control_re.findall(c)}) if self._control_re else []
+        if not found:
+            return {}
+        used = set("".join(contents))
+        if not any(chr(_MARKER_BASE + i) in used for i in range(len(self._controls))):
+            return {chr(_MARKER_BASE + self._controls.index(text)): text for text in found}
+        base = next(b for b in range(0xF0000, 0xFFFFD - len(found), len(found))
+                    if not any(chr(b + i) in used for i in range(len(found))))
+        return {chr(base + i): text for i, text in enumerate(found)}
+
+    def _mark(self, text: str, guard: dict[str, str]) -> str:
+        if not guard:
+            return text
+        marker = {t: m for m, t in guard.items()}
+        return self._control_re.sub(lambda m: marker[m.group(0)], text)
+
+    @functools.cached_property
+    def _marker_backend(self) -> Any:
+        """A copy of the fast tokenizer's backend whose normalizer puts each fixed marker's control text back.
+
+        Added tokens are cut out of the raw input before normalisation, so a marker becomes ordinary text
+        inside its stretch of the input, tokenised with its neighbours exactly as `split_special_tokens`
+        would tokenise it, with the stretch's place in the input (a SentencePiece word prefix only at the
+        start) kept. None for slow tokenizers, or where the copy does not encode plain text as the tokenizer
+        does."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or not self._controls:
+            return None
+        try:
+            from tokenizers import Tokenizer, normalizers
+
+            clone = Tokenizer.from_str(backend.to_str())
+            back = [normalizers.Replace(chr(_MARKER_BASE + i), t) for i, t in enumerate(self._controls)]
+            clone.normalizer = normalizers.Sequence(back + ([clone.normalizer] if clone.normalizer else []))
+            clone.no_truncation()
+            clone.no_padding()
+            probe = self._render([*self._messages(_PROBE, _PROBE_SYSTEM),
+                                  {"role": "assistant", "content": _PROBE_REPLY}], False)
+            if clone.encode(probe, add_special_tokens=False).ids != self.encode_text(probe):
+                return None
+        except Exception:  # noqa: BLE001 - a backend this cannot copy: the piecewise encoding serves
+            return None
+        return clone
+
+    def _encode_guarded(self, text: str, guard: dict[str, str]) -> list[int]:
+        """Ids of rendered text whose markers stand for control text written in a message's content."""
+        if not guard:
+            return self.encode_text(text)
+        backend = self._marker_backend
+        if backend is not None and all(ord(m) - _MARKER_BASE < len(self._controls) for m in guard):
+            ids = [int(i) for i in backend.encode(text, add_special_tokens=False).ids]
+            control_ids = {t for t in self.tokenizer.convert_tokens_to_ids(list(guard.values())) if t is not None}
+            template = self.encode_text(re.sub("[" + "".join(guard) + "]", "", text))
+            if sum(i in control_ids for i in ids) == sum(i in control_ids for i in template):
+                return ids
+        # piecewise: each control text alone, as ordinary characters (a slow tokenizer; a SentencePiece word
+        # prefix may then come in front of it)
+        ids = []
+        for piece in re.split("([" + "".join(guard) + "])", text):
+            if piece in guard:
+                ids += self.tokenizer(guard[piece], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            elif piece:
+                ids += self.encode_text(piece)
+        return [int(i) for i in ids]
 
     # ------------------------------------------------------------------ rendering
     @property
@@ -183,7 +313,10 @@ class TextCodec:
 
     def prompt_ids(self, prompt: str, system: str | None = None) -> list[int]:
         """The prompt rendered as a conversation, ending where the model's turn starts."""
-        return self.encode_text(self.render_prompt(prompt, system))
+        msgs = self._messages(prompt, system)
+        guard = self._guard([m["content"] for m in msgs])
+        marked = [{**m, "content": self._mark(m["content"], guard)} for m in msgs]
+        return self._encode_guarded(self._render(marked, True), guard)
 
     def sft_ids(self, prompt: str, response: str, system: str | None = None) -> tuple[list[int], list[bool]]:
         """(ids, mask) of a prompt and its assistant response; mask marks the assistant's tokens.
@@ -192,7 +325,15 @@ class TextCodec:
         including the first stop id (the end of the turn): the model learns to stop. Text the
         template puts after the end of the turn (a newline) is not trained on.
         """
+        if self.options.thinking is False and self._think_open and response.lstrip().startswith(self._think_open):
+            raise ValueError(
+                f"{self.source}: an SFT response starts with a {self._think_open} block, but `chat.thinking: false` "
+                "makes the template write an empty one before every response (two think blocks would be "
+                f"trained); set `chat.thinking: true` (or null) for reasoning data, or strip the reasoning: {response[:80]!r}")
         msgs = self._messages(prompt, system)
+        guard = self._guard([m["content"] for m in msgs] + [response])
+        msgs = [{**m, "content": self._mark(m["content"], guard)} for m in msgs]
+        response = self._mark(response, guard)
         head = self._render(msgs, True)
         full = self._render([*msgs, {"role": "assistant", "content": response}], False)
         if full.startswith(head):
@@ -207,8 +348,8 @@ class TextCodec:
                 )
             tail = full[at:]
         # The prompt is encoded alone, exactly as rollouts encode it; the model's tokens follow it.
-        p = self.encode_text(head)
-        r = self.encode_text(tail)
+        p = self._encode_guarded(head, guard)
+        r = self._encode_guarded(tail, guard)
         end = next((i + 1 for i, t in enumerate(r) if t in self.stop_token_ids), None)
         if end is None:  # the template closed the turn with no stop id: close it ourselves
             r, end = [*r, self.stop_token_ids[0]], len(r) + 1
@@ -263,7 +404,8 @@ class TextCodec:
 
         Appended after a model turn's sampled ids, which end in a stop id: these ids never carry loss.
         """
-        return self.encode_text(self._observation_text(text, self.observation_role))
+        guard = self._guard([text])  # a tool's output is the model's doing: its control text stays text
+        return self._encode_guarded(self._observation_text(self._mark(text, guard), self.observation_role), guard)
 
     # ------------------------------------------------------------------ decoding
     def strip_stop(self, ids: Sequence[int]) -> list[int]:
