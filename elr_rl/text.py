@@ -160,7 +160,8 @@ class TextCodec:
             log.warning("%s: the chat template ends an assistant turn with %r, not a stop id of the generation "
                         "config: added to the stop ids", self.source, self.tokenizer.convert_ids_to_tokens(end))
             self.stop_token_ids = (*self.stop_token_ids, end)
-            self.__dict__.pop("_controls", None)  # the new stop id is a control token too
+            for name in ("_controls", "_control_re", "_marker_backend"):  # the new stop id is a control token too
+                self.__dict__.pop(name, None)
         self.sft_ids(_PROBE, _PROBE_REPLY)
         return ids
 
