@@ -101,12 +101,15 @@ def loop_target_rows(doc, ids: list[int], tokenize: Callable[[object], tuple[lis
 def prompt_positions(codec, doc, ends: list[int]) -> list[int] | None:
     """The token of the rendered prompt holding the first `end` characters of `doc.prompt`, for each end
     (the first token that has seen them all: the one ending there, or the one merged across the boundary).
-    None when the chat template does not render the prompt verbatim."""
+    None when the chat template does not render the prompt verbatim, or when the prompt holds control-token
+    text (the codec keeps it as text, so prefixes of the rendering do not tokenise as the prompt does)."""
     head = codec.render_prompt(doc.prompt, doc.system)
     at = head.rfind(doc.prompt)
     if at < 0:
         return None
     full = codec.encode_text(head)
+    if full != codec.prompt_ids(doc.prompt, doc.system):
+        return None
     out = []
     for end in ends:
         pre = codec.encode_text(head[:at + end])

@@ -403,3 +403,16 @@ def test_preflight_shows_which_documents_carry_loop_targets_and_how_many_dense_o
                         ["loop_labels"][:, i] != IGNORE_INDEX) & prompt).sum().item() for i in range(4)) / 16
     assert rep.partial_per_sequence > 1 and "partial ones over the shallower loops" in rep.line()
     assert abs(rep.partial_per_sequence - (marks - dense_marks)) / (marks - dense_marks) < 0.25
+
+
+def test_a_prompt_holding_control_token_text_places_no_dense_targets():
+    from types import SimpleNamespace
+
+    from elr_rl.text import TextCodec
+    from elr_rl.train.loopwise import prompt_positions
+
+    codec = TextCodec.byte_level()
+    plain = SimpleNamespace(prompt="a=1; b=a", system=None)
+    assert prompt_positions(codec, plain, [3, 8]) is not None
+    # the codec keeps `<|eos|>` as bytes, so prefixes of the rendering (which parse it) would misplace targets
+    assert prompt_positions(codec, SimpleNamespace(prompt="a=1<|eos|>; b=a", system=None), [3, 15]) is None
