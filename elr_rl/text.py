@@ -151,17 +151,16 @@ class TextCodec:
                 [{"role": "system", "content": _PROBE_SYSTEM}, {"role": "user", "content": _PROBE}], True)
         except Exception:  # noqa: BLE001 - a template that refuses the role
             self._system_role = False
-        ids = self.prompt_ids(_PROBE)
         if not self._system_role:
             log.warning("%s: the chat template has no system role: system prompts lead the user's message",
                         self.source)
+        # the stop ids are settled before anything encodes a message: they are control tokens too
         end = self._turn_end_id()
         if end is not None and end not in self.stop_token_ids:
             log.warning("%s: the chat template ends an assistant turn with %r, not a stop id of the generation "
                         "config: added to the stop ids", self.source, self.tokenizer.convert_ids_to_tokens(end))
             self.stop_token_ids = (*self.stop_token_ids, end)
-            for name in ("_controls", "_control_re", "_marker_backend"):  # the new stop id is a control token too
-                self.__dict__.pop(name, None)
+        ids = self.prompt_ids(_PROBE)
         self.sft_ids(_PROBE, _PROBE_REPLY)
         return ids
 
