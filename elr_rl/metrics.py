@@ -52,6 +52,8 @@ RL (`elr-rl rl`), one row per learner step:
     perf/weight_sync_frac                        timing_s/weight_sync / timing_s/step
     perf/gen_tokens_per_s, perf/trained_tokens_per_s, perf/trained_tokens
     perf/rollout_idle_ratio, perf/learner_idle_ratio   (fractions of the time since the last row)
+    perf/rollout_joined_frac                     share of the generate requests since the last row that joined
+                                                 a batch their worker's engine was running (rollout.requests_per_worker)
     faults/restarted_workers, faults/requeued_prompts, sync/parity_max_abs_diff
     curriculum/prompts_k{k}                      prompts routed to loop count k since the last row
     curriculum/mean_q_k{k}                       mean pass-rate quantile q of those prompts

@@ -29,6 +29,10 @@ in this run with the same threads and dtype (the ceiling):
 - the prefill's recompute: the prompt tokens vLLM computes for n samples against the distinct ones
   (a group's other samples read only whole 32-token KV blocks from the prefix cache and compute the
   rest), and the prefill's time against that of one sample of each prompt, both timed in this run.
+- stream: --stream requests of --batch prompts each (the request, then others), two at a time in one engine, as a
+  rollout worker runs them (rollout.requests_per_worker = 2, the scheduler keeping its next request
+  ready): the second request's rows take the slots of the first one's finished rows, and the third is
+  submitted when the first finishes. Decode and total MFU over the whole stream's time, prefills in.
 - full-batch decode MFU: a decode step with all of the request's sequences running (the stop token
   ignored; the time at 48 tokens less the time at 16, over the 32 steps between), the steady state
   vLLM keeps while more requests wait than it has slots.
@@ -76,11 +80,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cpu-gemm", nargs="+", default=["onednn"], choices=["onednn", "torch"],
                    help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, or torch's F.linear); "
                         "the first is the one compared with PyTorch, each other adds rows `vllm-<gemm>` and a ratio")
+    p.add_argument("--stream", type=int, default=3,
+                   help="requests in the stream measure, two in flight at a time (0: skip it)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if not 1 <= args.compare_prompts <= args.batch:
         p.error(f"--compare-prompts {args.compare_prompts} must be in 1..--batch ({args.batch})")
+    if args.stream == 1 or args.stream < 0:
+        p.error(f"--stream {args.stream}: use 0 (off) or 2 or more requests")
     if args.compare_samples < 1:
         p.error(f"--compare-samples {args.compare_samples} must be at least 1")
     return args
@@ -136,7 +144,7 @@ def build_checkpoint(args, path: str):
     model = LoopedForCausalLM(config).eval()
     TextCodec.byte_level().save_pretrained(path)
     codec = TextCodec.load(path)  # from here on ids come from the checkpoint's own tokenizer
-    prompts = make_prompts(codec, args)
+    prompts = make_prompts(codec, args, args.batch * max(1, args.stream))  # the request's, then the stream's
     calibrate_stop(model, codec.stop_token_ids[0], prompts, args)
     model.save_pretrained(path)
     return model, codec, prompts
@@ -176,12 +184,12 @@ def calibrate_stop(model, stop_id: int, prompts: list[list[int]], args) -> None:
     model.lm_head.weight[stop_id] = (u + b * c).to(model.lm_head.weight.dtype)
 
 
-def make_prompts(codec, args) -> list[list[int]]:
+def make_prompts(codec, args, count: int) -> list[list[int]]:
     rng = random.Random(args.seed)
     lo, hi = args.prompt_bytes
     words = "the of and to in is was for on that with as by at from it an be this are which or".split()
     prompts = []
-    for _ in range(args.batch):
+    for _ in range(count):
         n = rng.randint(lo, hi)
         text = ""
         while len(text) < n:
@@ -249,6 +257,32 @@ def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args, samples: i
             "prefill_seconds": prefill_s, "prefill_one_seconds": prefill_one_s}
 
 
+def bench_stream(engine, prompts: list[list[int]], codec, k: int, args) -> dict:
+    """--stream requests of --batch prompts, two in flight at a time (`RolloutEngine.submit`), from a cold
+    prefix cache: the engine's max_num_seqs is one request's rows, so the second request's rows wait
+    for the first one's slots, as in a rollout worker with rollout.requests_per_worker = 2."""
+    engine.set_k(k)
+    engine.drop_cached_prefixes()
+    requests = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
+
+    def submit(request):
+        return engine.submit(request, n=args.samples, max_tokens=args.new_tokens, temperature=1.0,
+                             stop_token_ids=codec.stop_token_ids)
+
+    start = time.perf_counter()
+    waiting, running, done = list(requests), [], []
+    while waiting or running:
+        while waiting and len(running) < 2:
+            running.append(submit(waiting.pop(0)))
+        engine.step()
+        done += [t for t in running if t.done]
+        running = [t for t in running if not t.done]
+    seconds = time.perf_counter() - start
+    lengths = [len(c.token_ids) for t in done for g in engine.collect(t) for c in g.completions]
+    return {"seconds": seconds, "tokens": sum(lengths), "computed": sum(lengths), "lengths": lengths,
+            "prompt_tokens_computed": sum(prefilled(len(p), args.samples, engine) for p in prompts)}
+
+
 def full_batch_decode(engine, prompts: list[list[int]], k: int, args) -> dict:
     """A decode step's time with every sequence of the request running (none stops: the stop token is
     ignored): the request's time at 48 new tokens less its time at 16 (fewer under a smaller cap), both
@@ -310,8 +344,9 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
 
     torch.set_num_threads(threads)
     rates = [matmul_gflops(getattr(torch, dtype))]  # re-measured between runs; the best is the ceiling
-    few = prompts[: args.compare_prompts]  # the rows both engines run for the ratio
-    raw: dict = {"pytorch": {}, "vllm": {}, "vllm_request": {}}
+    request, stream = prompts[:args.batch], prompts if args.stream else []
+    few = request[: args.compare_prompts]  # the rows both engines run for the ratio
+    raw: dict = {"pytorch": {}, "vllm": {}, "vllm_request": {}, **({"vllm_stream": {}} if stream else {})}
     full_batch: dict = {}
     with torch.inference_mode():
         for k in args.ks:
@@ -321,7 +356,7 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         name = "vllm_request" if i == 0 else f"vllm_request-{gemm}"
         raw.setdefault(name, {})
         opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens,
-                             max_num_seqs=len(prompts) * args.samples, cpu_threads=threads,
+                             max_num_seqs=len(request) * args.samples, cpu_threads=threads,
                              block_size=args.block_size, cpu_gemm=gemm)
         engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
         try:
@@ -329,9 +364,11 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
             for k in args.ks:
                 if i == 0:
                     raw["vllm"][k] = bench_vllm(engine, few, codec, k, args, args.compare_samples)
-                raw[name][k] = bench_vllm(engine, prompts, codec, k, args, args.samples, time_prefill=True)
+                raw[name][k] = bench_vllm(engine, request, codec, k, args, args.samples, time_prefill=True)
                 if i == 0:
-                    full_batch[k] = full_batch_decode(engine, prompts, k, args)
+                    full_batch[k] = full_batch_decode(engine, request, k, args)
+                    if stream:
+                        raw["vllm_stream"][k] = bench_stream(engine, stream, codec, k, args)
             kv = {f"k{k}": engine.kv_bytes_per_token(k) for k in args.ks}
         finally:
             engine.shutdown()
@@ -341,7 +378,7 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
     res: dict = {"threads": threads, "ceiling_gflops": round(ceiling, 2),
                  "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv}
     for name, runs in raw.items():
-        rows = few if name in ("pytorch", "vllm") else prompts
+        rows = few if name in ("pytorch", "vllm") else stream if name == "vllm_stream" else request
         res[name] = {f"k{k}": summarise({**run, "cap": args.new_tokens}, model, k, rows, ceiling)
                      for k, run in runs.items()}
     res["vllm_full_batch"] = {}
@@ -349,6 +386,10 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         rate = decode_flops(model, k, run["context"]) * run["rows"] / run["step_seconds"] / 1e9
         res["vllm_full_batch"][f"k{k}"] = {"rows": run["rows"], "step_ms": round(1e3 * run["step_seconds"], 1),
                                            "gflops": round(rate, 2), "mfu": round(rate / ceiling, 3)}
+    if stream:  # the same engine on the stream against one request alone, useful tokens per second
+        res["ratio_stream_over_request"] = {
+            kk: round(s["tokens_per_s"] / res["vllm_request"][kk]["tokens_per_s"], 2)
+            for kk, s in res["vllm_stream"].items()}
     res["ratio_vllm_over_pytorch"] = {
         kk: round(res["vllm"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2) for kk in res["vllm"]}
     for gemm in args.cpu_gemm[1:]:  # the first matmul over each other one, same request, same run
@@ -371,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                         "batch": args.batch, "samples": args.samples, "compare_prompts": args.compare_prompts,
                         "compare_samples": args.compare_samples,
                         "block_size": args.block_size, "cpu_gemm": args.cpu_gemm,
-                        "new_tokens_cap": args.new_tokens,
+                        "new_tokens_cap": args.new_tokens, "stream": args.stream,
                         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "runs": []}
         for threads in args.threads:
             result["runs"].append(run_at_threads(threads, model, ckpt, prompts, codec, dtype, args))
@@ -399,6 +440,13 @@ def print_table(r: dict, head: dict) -> None:
                   f"distinct ({s['prefill_tokens'] / s['prompt_tokens']:.2f}x: a group's other samples share only "
                   f"whole KV blocks and recompute the rest), {s['prefill_seconds']} s; one sample of each prompt "
                   f"{s['prefill_one_seconds']} s")
+    if "vllm_stream" in r:
+        print(f"vLLM on a stream of {head['stream']} requests (this one, then others like it), two in flight at a time "
+              f"(continuous batching, as a rollout worker with requests_per_worker 2):")
+        for kk, s in r["vllm_stream"].items():
+            print(f"{'vllm_stream ' + kk:22s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+                  f"{s['capped']:>8}{s['mfu']:>12.1%}{'':>17s}{s['total_mfu']:>11.1%}{str(s['seconds']):>19s}"
+                  f"   {r['ratio_stream_over_request'][kk]}x the request's tok/s")
     print("vLLM decode with every sequence running (stop token ignored): " + ", ".join(
         f"{kk} {s['step_ms']} ms a step of {s['rows']} rows, MFU {s['mfu']:.1%}" for kk, s in r["vllm_full_batch"].items()))
     print(f"vLLM and generate() on the first {head['compare_prompts']} prompts x {head['compare_samples']} samples "
@@ -410,7 +458,8 @@ def print_table(r: dict, head: dict) -> None:
                   f"{s['waste']:>8}{s['mfu']:>12.1%}")
     for kk, ratio in r["ratio_vllm_over_pytorch"].items():
         print(f"vLLM / PyTorch {kk}: {ratio}x (plain decoder computes {r['plain_waste_factor'][kk]}x the useful tokens)")
-    for key in [name for name in r if name.startswith("ratio_") and name != "ratio_vllm_over_pytorch"]:
+    for key in [name for name in r if name.startswith("ratio_")
+                and name not in ("ratio_vllm_over_pytorch", "ratio_stream_over_request")]:
         first, other = key[len("ratio_"):].split("_over_")
         print(f"vLLM with {first} / with {other} matmuls: " + ", ".join(f"{kk} {v}x" for kk, v in r[key].items()))
 

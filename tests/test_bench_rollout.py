@@ -72,3 +72,10 @@ def test_compared_prompts_must_be_part_of_the_request():
 
 def test_useful_tokens_stop_at_the_first_stop_id():
     assert bench_rollout.useful_tokens([[5, 6, 9, 9], [5, 6, 7, 8], [9]], {9}) == [3, 4, 1]
+
+
+def test_a_stream_holds_two_requests_or_none():
+    with pytest.raises(SystemExit):
+        bench_rollout.parse_args(["--stream", "1"])
+    assert bench_rollout.parse_args(["--stream", "0"]).stream == 0
+    assert bench_rollout.parse_args([]).stream == 3

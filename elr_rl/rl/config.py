@@ -52,6 +52,11 @@ class RolloutConfig:
     decode batch, as the engine decodes prompts_per_request x group_size sequences together: at 47M
     parameters on one CPU thread, 64 sequences generated at 30-40% of the matmul ceiling, 512 at 45-54%,
     prefill included: scripts/bench_rollout.py)."""
+    requests_per_worker: int = 2
+    """Generate calls a worker holds at once. Requests at the same loop count share the engine's batch: as
+    one request's rows stop, the next one's rows take their slots (continuous batching), instead of the
+    batch thinning to the longest rows at the end of every request. The scheduler hands a worker's second
+    request at the loop count its first runs at where the queue has prompts there. 1: one request at a time."""
     episode_workers: int = 1
     """Processes of each rollout worker's scoring pool for multi-turn environments: every episode's turns
     and its final score run there, with the environment's timeout (started at the first multi-turn group)."""
@@ -61,7 +66,7 @@ class RolloutConfig:
     """How prompts are rendered with the checkpoint's chat template (system prompt, thinking switch)."""
 
     def validate(self) -> None:
-        for name in ("num_workers", "group_size", "max_new_tokens", "prompts_per_request"):
+        for name in ("num_workers", "group_size", "max_new_tokens", "prompts_per_request", "requests_per_worker"):
             if getattr(self, name) < 1:
                 _fail(f"rollout.{name}", f"got {getattr(self, name)}", "use 1 or more")
         if self.group_size < 2:

@@ -52,11 +52,11 @@ class RolloutFleet:
 
         from elr_rl.rl.cores import CORE_OFFSET_ENV, layout_offsets, lend_env
         from elr_rl.rl.ray_env import actor_runtime_env
-        from elr_rl.rl.rollout_worker import MAX_CONCURRENCY, RolloutWorker
+        from elr_rl.rl.rollout_worker import RolloutWorker, max_concurrency
 
         c, lc = self.cfg.rollout, self.cfg.learner
         actor = ray.remote(num_cpus=c.num_cpus_per_worker, num_gpus=c.num_gpus_per_worker, max_restarts=0,
-                           max_concurrency=MAX_CONCURRENCY)(RolloutWorker)
+                           max_concurrency=max_concurrency(c.requests_per_worker))(RolloutWorker)
         # Threads and cores follow the worker's Ray CPUs (RolloutWorker applies them); its slot comes after the learner's.
         offset = layout_offsets(lc.world_size, lc.num_cpus_per_rank, c.num_workers, c.num_cpus_per_worker)["rollout"][i]
         env = {"OMP_NUM_THREADS": str(max(1, int(c.num_cpus_per_worker))), "VLLM_CPU_OMP_THREADS_BIND": "nobind",

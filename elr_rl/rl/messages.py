@@ -80,8 +80,9 @@ class GenerateReply:
 
     groups: list[Group]
     skipped: list[Assignment]  # prompts longer than the engine's context: not sampled
-    busy_s: float  # seconds this call took
+    busy_s: float  # seconds the worker's engine was in use since its previous reply (overlapping requests once)
     weight_load_s: float  # seconds spent loading weights since the previous reply
+    joined: bool = False  # the request joined a batch the worker's engine was running (continuous batching)
 
 
 @dataclass

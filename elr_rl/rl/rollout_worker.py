@@ -12,10 +12,15 @@ answered, and the finished episode scored, by the worker's own scoring pool
 path single-turn groups take in the driver. A prompt too
 long for the engine's context is not sent: its assignment comes back in `skipped`.
 
-The actor is threaded (`MAX_CONCURRENCY` calls at once) so that new weights
-can arrive while a request is generating: `update_weights` only stages them,
-and the engine loads them between requests (at once when it is idle). The
-learner never waits for a worker's in-flight generation.
+The actor is threaded (`max_concurrency` calls at once). Up to
+`rollout.requests_per_worker` generate calls share the engine (`EngineGate`):
+a request at the running loop count joins the batch, its rows taking the slots
+that the first request's finished rows free, so the engine decodes a full batch
+instead of each request's thinning tail. New weights can arrive meanwhile:
+`update_weights` only stages them, no request joins while they wait, and the
+engine loads them once it drains (at once when it is idle), so each request is
+sampled by one policy version. The learner never waits for a worker's
+in-flight generation.
 """
 
 from __future__ import annotations
@@ -35,7 +40,13 @@ from elr_rl.text import TextCodec
 
 log = logging.getLogger(__name__)
 
-MAX_CONCURRENCY = 3  # a generate call, a parity logprob call waiting for the engine, and a control call
+
+
+def max_concurrency(requests_per_worker: int) -> int:
+    """The actor's threads: its generate calls, a parity logprob call waiting for the engine, a control call."""
+    return requests_per_worker + 2
+
+
 WEIGHTS_FILE_PREFIX = "elr-rl-worker-"  # + pid-worker_id.safetensors: staged weights, alive only while loaded
 STALE_WEIGHTS_AGE_S = 600.0  # a load takes seconds; an older file of a dead pid is a killed worker's
 
@@ -68,7 +79,8 @@ def _alive(pid: int) -> bool:
 
 class RolloutWorker:
     def __init__(self, worker_id: int, model_path: str, cfg: RolloutConfig, seed: int, version: int = 0) -> None:
-        from elr_rl.rl.cores import LendingLock, actor_core_budget, lender_for
+        from elr_rl.rl.cores import actor_core_budget, lender_for
+        from elr_rl.rl.engine_gate import EngineGate
         from elr_rl.rollout.engine import EngineOptions, RolloutEngine
 
         self.worker_id, self.cfg, self.version = worker_id, cfg, version
@@ -89,11 +101,14 @@ class RolloutWorker:
         if stale:
             log.warning("removed %d weights file(s) of rollout workers killed while loading them, e.g. %s",
                         len(stale), stale[0])
-        self.busy_s = 0.0
-        self._engine_lock = LendingLock(self._lender)  # one engine call at a time
+        self.gate = EngineGate(cfg.requests_per_worker, self._lender)  # requests share the engine, or one call
         self._pending: tuple[bytes, int] | None = None  # staged weights and their policy version
         self._pending_lock = threading.Lock()
         self._load_s = 0.0  # seconds spent loading weights since the last generate reply
+        self._busy_reported = 0.0  # of the gate's busy seconds, those already in a reply
+        # lock order: _reply_lock, then the gate's; the gate's, then _pending_lock (a request's prepare loads
+        # staged weights while it holds the gate)
+        self._reply_lock = threading.Lock()
         self._episode_pool = None  # a ScoringPool for multi-turn episodes, started when the first one comes
         if self._lender is not None:
             self._lender.__exit__(None, None, None)  # started: lend the cores until the first engine call
@@ -101,6 +116,10 @@ class RolloutWorker:
     # ------------------------------------------------------------------ control
     def ping(self) -> int:
         return self.version
+
+    def in_flight(self) -> int:
+        """Prompts the engine is generating now (all requests together)."""
+        return self.engine.in_flight()
 
     def pid(self) -> int:
         return os.getpid()
@@ -127,16 +146,22 @@ class RolloutWorker:
         with self._pending_lock:
             if self._pending is None or version >= self._pending[1]:
                 self._pending = (weights, version)
-        if not self._engine_lock.acquire(blocking=False):
-            return False  # a request is running: it is loaded before the next one
-        try:
-            self._load_pending()
-        finally:
-            self._engine_lock.release()
-        return True
+        with self.gate.exclusive(wait=False) as idle:
+            if idle:
+                self._load_pending()
+        return idle  # else requests are running: the weights load when the engine drains
+
+    def _weights_wait(self) -> bool:
+        with self._pending_lock:
+            return self._pending is not None
+
+    def _prepare(self, k: int) -> None:
+        """The engine is idle and about to serve requests at k: newest weights, loop count k."""
+        self._load_pending()
+        self.set_k(k)
 
     def _load_pending(self) -> None:
-        """Load staged weights in place (caller holds the engine lock)."""
+        """Load staged weights in place (caller holds the engine alone)."""
         with self._pending_lock:
             pending, self._pending = self._pending, None
         if pending is None:
@@ -152,13 +177,13 @@ class RolloutWorker:
             finally:  # the engine holds the weights now; a worker killed later leaves nothing in /dev/shm
                 self.weights_path.unlink(missing_ok=True)
         self.version = version
-        self._load_s += time.perf_counter() - t0
+        with self._pending_lock:
+            self._load_s += time.perf_counter() - t0
 
     def logprobs(self, sequences: list[list[int]], k: int) -> tuple[int, list[list[float]]]:
         """The engine's prompt logprobs of whole sequences, with the policy version that scored them."""
-        with self._engine_lock:
-            self._load_pending()
-            self.set_k(k)
+        with self.gate.exclusive():
+            self._prepare(k)
             return self.version, self.engine.prompt_logprobs(sequences)
 
     def validate(self, tasks: list, k: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -168,10 +193,8 @@ class RolloutWorker:
         from environments.registry import get_env
 
         env = get_env(tasks[0].env) if tasks else None
-        with self._engine_lock:
-            t0 = time.perf_counter()
-            self._load_pending()
-            self.set_k(k)
+        with self.gate.exclusive():
+            self._prepare(k)
 
             def greedy(contexts: list[list[int]]) -> list:
                 groups = self.engine.generate(contexts, n=1, max_tokens=max_tokens, temperature=0.0,
@@ -185,7 +208,6 @@ class RolloutWorker:
             else:
                 out = [{"text": self.codec.decode(c.token_ids), "tokens": len(c.token_ids),
                         "finish_reason": str(c.finish_reason), "score": None} for c in outs]
-            self.busy_s += time.perf_counter() - t0
         return out
 
     def _validate_episode(self, env, task, prompt: list[int], first, greedy) -> dict[str, Any]:
@@ -207,7 +229,15 @@ class RolloutWorker:
         return self._episode_pool
 
     def shutdown(self) -> None:
-        got = self._engine_lock.acquire(timeout=30)  # let a running request finish first
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:  # the engine, once running requests finish, until it is shut down
+            with self.gate.exclusive():
+                held.set()
+                release.wait()
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait(30)  # running requests get at most 30 s to finish
         try:
             self.engine.shutdown()
             self.weights_path.unlink(missing_ok=True)
@@ -216,23 +246,23 @@ class RolloutWorker:
             if self._lender is not None:
                 self._lender.close()
         finally:
-            if got:
-                self._engine_lock.release()
+            release.set()
 
     # ---------------------------------------------------------------- generation
     def generate(self, assignments: list[Assignment]) -> GenerateReply:
         """One group of G samples per assignment; the assignments whose prompt does not fit the
         engine's context come back in `skipped` (not sampled)."""
-        with self._engine_lock:
-            t0 = time.perf_counter()
-            skipped: list[Assignment] = []
-            groups = self._generate(assignments, skipped)
-            busy = time.perf_counter() - t0
-            self.busy_s += busy
-            load_s, self._load_s = self._load_s, 0.0
-        return GenerateReply(groups, skipped, busy, load_s)
+        skipped: list[Assignment] = []
+        joined: list[bool] = []
+        groups = self._generate(assignments, skipped, joined)
+        with self._reply_lock:  # what this reply adds to the worker's busy time: overlapping requests count once
+            busy = self.gate.busy_s()
+            busy, self._busy_reported = busy - self._busy_reported, busy
+            with self._pending_lock:
+                load_s, self._load_s = self._load_s, 0.0
+        return GenerateReply(groups, skipped, busy, load_s, joined=any(joined))
 
-    def _generate(self, assignments: list[Assignment], skipped: list[Assignment]) -> list[Group]:
+    def _generate(self, assignments: list[Assignment], skipped: list[Assignment], joined: list[bool]) -> list[Group]:
         from environments.registry import get_env
 
         groups: list[Group] = []
@@ -241,9 +271,6 @@ class RolloutWorker:
         for a in assignments:
             by_k.setdefault(a.k, []).append(a)
         for k, batch in sorted(by_k.items()):
-            self._load_pending()  # weights that arrived meanwhile: each group is tagged with what sampled it
-            version = self.version
-            self.set_k(k)
             envs = [get_env(a.env) for a in batch]
             tasks = [env.generate(a.seed, a.difficulty) for env, a in zip(envs, batch)]
             prompts = [self.codec.prompt_ids(t.prompt, system=t.system) for t in tasks]
@@ -253,22 +280,28 @@ class RolloutWorker:
                 [x for x, ok in zip(xs, fits) if ok] for xs in (batch, envs, tasks, prompts))
             if not batch:
                 continue
-            outs = self._sample(prompts, n=self.cfg.group_size)
-            for a, env, task, prompt, completions in zip(batch, envs, tasks, prompts, outs):
-                samples = [self._to_sample(prompt, c) for c in completions]
-                if env.multi_turn:  # played and scored here, turn by turn, in this worker's scoring pool
-                    self._run_episodes(env, task, samples, completions)
-                groups.append(Group(a, samples, version, self.worker_id, task=task, scored=env.multi_turn))
+            # weights that arrived meanwhile load before an idle engine admits this; each group is tagged
+            # with the version that sampled it
+            with self.gate.request(k, self._prepare, may_join=lambda: not self._weights_wait()) as shared:
+                joined.append(shared)
+                version = self.version
+                outs = self._sample(prompts, n=self.cfg.group_size)
+                for a, env, task, prompt, completions in zip(batch, envs, tasks, prompts, outs):
+                    samples = [self._to_sample(prompt, c) for c in completions]
+                    if env.multi_turn:  # played and scored here, turn by turn, in this worker's scoring pool
+                        self._run_episodes(env, task, samples, completions)
+                    groups.append(Group(a, samples, version, self.worker_id, task=task, scored=env.multi_turn))
         return groups
 
     def _sample(self, prompts: list[list[int]], n: int):
-        """n completions per prompt (token ids, sampled-token logprobs, finish reason)."""
+        """n completions per prompt (token ids, sampled-token logprobs, finish reason), in the running batch
+        shared with the worker's other requests (the caller holds a `gate.request`)."""
         c = self.cfg
-        groups = self.engine.generate(
+        ticket = self.gate.submit(lambda: self.engine.submit(
             prompts, n=n, max_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-            stop_token_ids=self.codec.stop_token_ids,
-        )
-        return [g.completions for g in groups]
+            stop_token_ids=self.codec.stop_token_ids))
+        self.gate.drive(lambda: ticket.done, self.engine.step)
+        return [g.completions for g in self.engine.collect(ticket)]
 
     def _to_sample(self, prompt: list[int], completion) -> Sample:
         ids = list(completion.token_ids)  # the stop id stays in: the policy learns to stop

@@ -1,10 +1,15 @@
 """The scheduler: the queue of curriculum assignments and the generate requests in flight.
 
-It hands prompts to idle rollout workers (one loop count per request, so a
-worker runs one batched vLLM generate; loop counts in an elevator's sweep,
-`sweep_loop_count`, so consecutive requests are of similar depth), keeps async mode far enough ahead of the
+It hands prompts to rollout workers with room for a request (one loop count per
+request, so a worker runs one batched vLLM generate), keeps async mode far enough ahead of the
 learner and no further (more would only go stale), keeps sync mode to exactly
 what the next step needs, and hands back finished requests as they come.
+
+A worker holds up to `rollout.requests_per_worker` requests; those at one loop count
+share its engine's batch (`EngineGate`). So a worker's next request is at the loop
+count of the one it is running, where the queue has prompts there; a request with
+none running is at the next loop count of an elevator's sweep (`sweep_loop_count`),
+so the workers' depths change gradually.
 """
 
 from __future__ import annotations
@@ -43,20 +48,24 @@ class Scheduler:
         if sync and learner_busy:
             return
         limit = need if sync else async_lookahead(need, c.async_.max_staleness, learner_busy)
-        busy = {i for i, _ in self.inflight.values()}
-        for i, worker in enumerate(workers):
-            pending = downstream + self.in_flight()
-            if pending >= limit:
-                return
-            if i in busy:
-                continue
-            n = min(c.rollout.prompts_per_request, limit - pending)
-            work = self._next_request(n, step)
-            self.inflight[worker.generate.remote(work)] = (i, work)
+        # each round gives every worker at most one request, the idle ones first: the second request a worker
+        # holds is for its engine's batch to stay full, the first for an idle worker to work at all
+        for round_ in range(c.rollout.requests_per_worker):
+            for i, worker in enumerate(workers):
+                pending = downstream + self.in_flight()
+                if pending >= limit:
+                    return
+                running = [work[0].k for j, work in self.inflight.values() if j == i and work]
+                if len(running) != round_:
+                    continue
+                n = min(c.rollout.prompts_per_request, limit - pending)
+                work = self._next_request(n, step, running[0] if running else None)
+                self.inflight[worker.generate.remote(work)] = (i, work)
 
-    def _next_request(self, n: int, step: int) -> list[Assignment]:
-        """Up to n queued assignments (oldest first) at the sweep's next loop count; the queue holds
-        enough curriculum batches for every loop count to fill a request."""
+    def _next_request(self, n: int, step: int, k: int | None = None) -> list[Assignment]:
+        """Up to n queued assignments (oldest first) at loop count k where any are queued, else at the
+        sweep's next loop count; the queue holds enough curriculum batches for every loop count to fill a
+        request."""
         while len(self.queue) < n * len(self.cfg.curriculum.loop_counts):
             batch = self.next_batch()
             self.queue.extend(batch)
@@ -64,8 +73,10 @@ class Scheduler:
             # labelled with the step whose metrics row counts these prompts (curriculum/prompts_k*)
             self.metrics.log_routing(step + 1, _routing(batch))
             self.window.routed.extend(batch)
-        self.last_k, self.rising = sweep_loop_count({a.k for a in self.queue}, self.last_k, self.rising)
-        work, rest = take_one_loop_count(self.queue, n, self.last_k)
+        if k is None or not any(a.k == k for a in self.queue):
+            self.last_k, self.rising = sweep_loop_count({a.k for a in self.queue}, self.last_k, self.rising)
+            k = self.last_k
+        work, rest = take_one_loop_count(self.queue, n, k)
         self.queue = deque(rest)
         return work
 

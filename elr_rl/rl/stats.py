@@ -59,11 +59,14 @@ class StepWindow:
         self.routed: list[Any] = []  # curriculum assignments handed out since the last row
         self.parity: list[float] = []  # finished trainer/rollout logprob checks
         self.weight_loads: list[float] = []  # worker-side weight load seconds
-        self.rollout_busy_s = 0.0  # summed over workers: seconds spent in generate calls
+        self.rollout_busy_s = 0.0  # summed over workers: seconds their engines were in use
+        self.replies = self.joined = 0  # generate replies, and those whose request joined a running batch
         self.learner_busy_s = 0.0
 
     def add_reply(self, reply: GenerateReply) -> None:
         self.rollout_busy_s += reply.busy_s
+        self.replies += 1
+        self.joined += reply.joined
         if reply.weight_load_s:
             self.weight_loads.append(reply.weight_load_s)
 
@@ -82,8 +85,11 @@ class StepWindow:
                            wall=now - self.t_run, window_s=window_s)
         row["timing_s/update_actor"] = learner_s  # as the driver saw it: queueing and transfers included
         row.update(curriculum_metrics(self.routed))
+        if self.replies:  # rollout.requests_per_worker > 1: how often a request found its worker's batch running
+            row["perf/rollout_joined_frac"] = self.joined / self.replies
         self.t_row, self.groups, self.routed, self.parity, self.weight_loads = now, [], [], [], []
         self.rollout_busy_s = self.learner_busy_s = 0.0
+        self.replies = self.joined = 0
         return row
 
 

@@ -6,8 +6,17 @@ What a rollout worker calls:
     groups = engine.generate(prompts_token_ids, n=G, max_tokens=64, temperature=1.0)
     groups[i].completions[j].token_ids / .logprobs / .finish_reason
     engine.set_k(4)                          # same engine, deeper loops, next batch on
+    a, b = engine.submit(p1, n=G), engine.submit(p2, n=G)   # requests that share the running batch
+    while not b.done: engine.step()           # b's rows take the slots a's finished rows free
+    groups_a = engine.collect(a)
     engine.update_weights(learner_state_dict) # in place, validated, version + 1
     engine.shutdown()
+
+Requests submitted together share the engine's batch (continuous batching): vLLM
+runs up to max_num_seqs sequences and starts a waiting one in each slot a
+finished row frees, so a request's tail, where most of its rows have stopped, is
+filled by the next request's rows. Requests in flight together run at the same k
+and weights: set_k, update_weights and drop_cached_prefixes are refused while one is.
 
 Sampled-token logprobs are vLLM's `raw_logprobs` by default (before temperature
 and top-p), the quantity the learner recomputes teacher-forced. The engine
@@ -21,12 +30,13 @@ vLLM is imported inside methods: importing this module stays cheap.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -100,6 +110,21 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]  # the behaviour policy's logprob of each sampled token
     finish_reason: str  # "stop" (a stop token) or "length" (max_tokens)
+
+
+@dataclass
+class Ticket:
+    """A request in flight: its vLLM request ids (one per prompt, in order) and the outputs finished so far."""
+
+    request_ids: list[str]
+    k: int
+    weight_version: int
+    with_prompt_logprobs: bool = False
+    outputs: dict = field(default_factory=dict)  # request id -> vLLM's finished RequestOutput
+
+    @property
+    def done(self) -> bool:
+        return len(self.outputs) == len(self.request_ids)
 
 
 @dataclass
@@ -235,6 +260,8 @@ class RolloutEngine:
         self.dtype = dtype
         self.expected_shapes = checkpoint_shapes(checkpoint_dir)
         self.weight_version = 0
+        self._owners: dict[str, Ticket] = {}  # vLLM request id -> the ticket it belongs to (requests in flight)
+        self._request_ids = itertools.count()
         self._saved_threads = None
         full_length_kv = self._default_kv_bytes(config, getattr(torch, dtype))
         self._draft_dir = self._draft_view(config) if opts.speculative_tokens else None
@@ -377,8 +404,28 @@ class RolloutEngine:
         stop_token_ids: Sequence[int] | None = None,
         return_prompt_logprobs: bool = False,
     ) -> list[CompletionGroup]:
-        """n completions per prompt, each with its sampled tokens' logprobs, at the engine's k."""
+        """n completions per prompt, each with its sampled tokens' logprobs, at the engine's k. Steps the
+        engine until they are done (requests submitted earlier run on alongside)."""
+        ticket = self.submit(prompts_token_ids, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                             stop_token_ids=stop_token_ids, return_prompt_logprobs=return_prompt_logprobs)
+        while not ticket.done:
+            self.step()
+        return self.collect(ticket)
+
+    def submit(
+        self,
+        prompts_token_ids: Sequence[Sequence[int]],
+        n: int = 1,
+        max_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_token_ids: Sequence[int] | None = None,
+        return_prompt_logprobs: bool = False,
+    ) -> Ticket:
+        """Add a request to the running batch and return at once; `step` runs it, `collect` reads it.
+        Its rows wait in vLLM's queue while max_num_seqs sequences run, and start as slots free up."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         self._check_prompts(prompts_token_ids, max_tokens)
         if self.options.speculative_tokens and temperature > 0 and self.platform == "cpu":
@@ -397,15 +444,55 @@ class RolloutEngine:
             prompt_logprobs=0 if return_prompt_logprobs else None,
             detokenize=False,
         )
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts_token_ids], params, use_tqdm=False)
-        return [self._group(out, return_prompt_logprobs) for out in outputs]
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # a prompt's n completions once, when all are done
+        ticket = Ticket([], self.k, self.weight_version, return_prompt_logprobs)
+        engine = self.llm.llm_engine
+        try:
+            for p in prompts_token_ids:
+                # our own ids: vLLM's outputs carry the id a request was added with
+                request_id = f"elr-{next(self._request_ids)}"
+                engine.add_request(request_id, {"prompt_token_ids": list(p)}, params)
+                ticket.request_ids.append(request_id)
+                self._owners[request_id] = ticket
+        except BaseException:
+            if ticket.request_ids:
+                engine.abort_request(ticket.request_ids, internal=False)
+                for request_id in ticket.request_ids:
+                    self._owners.pop(request_id, None)
+            raise
+        return ticket
+
+    def step(self) -> list[Ticket]:
+        """One engine step over every request in flight; returns the tickets it finished."""
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if not out.finished:
+                continue
+            ticket = self._owners.pop(out.request_id, None)
+            if ticket is None:  # not submitted through this class (e.g. a benchmark's own llm.generate)
+                continue
+            ticket.outputs[out.request_id] = out
+            if ticket.done:
+                finished.append(ticket)
+        return finished
+
+    def collect(self, ticket: Ticket) -> list[CompletionGroup]:
+        """A finished ticket's groups, in the order of its prompts."""
+        if not ticket.done:
+            raise ValueError(f"the request is not finished: {len(ticket.outputs)} of {len(ticket.request_ids)} "
+                             "prompts done (call step() until ticket.done)")
+        return [self._group(ticket.outputs[i], ticket.with_prompt_logprobs, ticket) for i in ticket.request_ids]
+
+    def in_flight(self) -> int:
+        """Prompts submitted and not finished."""
+        return len(self._owners)
 
     def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Teacher-forced logprob of tokens 1..T-1 of each sequence at the engine's k."""
         groups = self.generate(sequences, n=1, max_tokens=1, temperature=0.0, return_prompt_logprobs=True)
         return [g.prompt_logprobs or [] for g in groups]
 
-    def _group(self, out, with_prompt: bool) -> CompletionGroup:
+    def _group(self, out, with_prompt: bool, ticket: Ticket) -> CompletionGroup:
         completions = [
             Completion(
                 token_ids=list(c.token_ids),
@@ -418,7 +505,7 @@ class RolloutEngine:
         plp = None
         if with_prompt:  # entry 0 is None: the first token has no context
             plp = [d[tok].logprob for d, tok in zip(out.prompt_logprobs[1:], prompt[1:])]
-        return CompletionGroup(prompt, completions, self.k, self.weight_version, plp)
+        return CompletionGroup(prompt, completions, ticket.k, ticket.weight_version, plp)
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -438,6 +525,8 @@ class RolloutEngine:
         limit = self.kv_loops if self.cache_mode == "per_loop" else self.max_loops
         if not 1 <= int(k) <= limit:
             raise ValueError(f"k={k} is outside 1..{limit} for this engine (per_loop caches: options.kv_loops)")
+        if int(k) != self.k:
+            self._refuse_in_flight("set_k")
         if self.options.speculative_tokens and int(k) <= self.options.speculative_draft_k:
             raise ValueError(f"k={k} must be above the self-speculative draft's "
                              f"{self.options.speculative_draft_k} loops (options.speculative_draft_k)")
@@ -459,6 +548,7 @@ class RolloutEngine:
 
         from elr_rl.model.safetensors_io import safetensors_views
 
+        self._refuse_in_flight("update_weights")
         start = time.perf_counter()
         path, staged, method = None, False, "elr_update_weights"
         if isinstance(weights, (str, Path)):
@@ -490,8 +580,14 @@ class RolloutEngine:
         block prefilled at k=1 holds no KV for loops 2..4 in per-loop mode). A hit would then give a
         request wrong logprobs (up to 0.26 nats seen at k=3 on a prefix cached at k=1). Called between
         requests, where no block is in use. Benchmarks call it too, to time a request from a cold cache."""
+        self._refuse_in_flight("drop_cached_prefixes")
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("the prefix cache could not be reset (a request still holds blocks)")
+
+    def _refuse_in_flight(self, what: str) -> None:
+        if self._owners:
+            raise RuntimeError(f"{what} while {len(self._owners)} prompt(s) are in flight: requests in flight share "
+                               "one k and one set of weights; step() until they are done first")
 
     def _validate(self, shapes: dict[str, tuple[int, ...]]) -> None:
         problems = weight_mismatches(shapes, self.expected_shapes)

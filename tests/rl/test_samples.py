@@ -312,3 +312,42 @@ def test_async_lookahead_generates_nothing_that_must_go_stale(staleness):
         assert all(version - v <= staleness for v in pending[:need * staleness]), (staleness, version, pending)
         assert len(pending) <= need * staleness  # nothing beyond what the next S steps can take
     assert trained == 30 * need
+
+
+def test_a_workers_second_request_runs_at_its_first_ones_loop_count_and_joins_its_batch():
+    """requests_per_worker = 2: each worker first gets one request (idle workers before busy ones), then a
+    second at the loop count it is running, so the two share its engine's batch; once the queue has no
+    prompts at that k, the next request follows the sweep."""
+    sched = _scheduler("async", groups_per_step=8, staleness=2, per_request=1)
+    sched.cfg.curriculum.loop_counts = [1, 2, 3]
+    workers = [_Worker(), _Worker()]
+    sched.fill(workers, learner_busy=False, downstream=0, step=0)
+    assert [len(w.requests) for w in workers] == [2, 2]
+    for w in workers:
+        assert len({a.k for work in w.requests for a in work}) == 1  # both of a worker's requests at one k
+    first = {a.k for a in workers[0].requests[0]}, {a.k for a in workers[1].requests[0]}
+    assert first[0] != first[1]  # the idle workers took successive loop counts of the sweep
+    # worker 0's first request finishes: the next one joins its second, at the same k
+    (k0,) = first[0]
+    ref = next(r for r, (i, _) in sched.inflight.items() if i == 0)
+    del sched.inflight[ref]
+    sched.fill(workers, learner_busy=False, downstream=0, step=0)
+    assert len(workers[0].requests) == 3 and {a.k for a in workers[0].requests[2]} == {k0}
+    assert len(workers[1].requests) == 2  # already holding two
+    # no prompts left at k0, in the queue or the curriculum's next batches: the next request follows the sweep
+    ref = next(r for r, (i, _) in sched.inflight.items() if i == 0)
+    del sched.inflight[ref]
+    sched.queue = type(sched.queue)(a for a in sched.queue if a.k != k0)
+    every = sched.next_batch
+    sched.next_batch = lambda: [a for a in every() if a.k != k0]
+    sched.fill(workers, learner_busy=False, downstream=0, step=0)
+    assert len(workers[0].requests) == 4 and {a.k for a in workers[0].requests[3]} != {k0}
+
+
+def test_one_request_per_worker_when_configured():
+    sched = _scheduler("async", groups_per_step=8, staleness=2, per_request=1)
+    sched.cfg.rollout.requests_per_worker = 1
+    workers = [_Worker(), _Worker()]
+    sched.fill(workers, learner_busy=False, downstream=0, step=0)
+    sched.fill(workers, learner_busy=False, downstream=0, step=0)
+    assert [len(w.requests) for w in workers] == [1, 1]

@@ -112,6 +112,34 @@ def test_update_from_a_files_bytes_serves_those_weights(served, in_process, monk
         assert max(prompt_gap, sampled_gap) <= TOL, f"k={k}: not the new weights ({prompt_gap}, {sampled_gap})"
 
 
+def test_requests_submitted_together_share_the_batch_and_keep_parity(served):
+    """Three requests of 4 rows each against 8 slots: the first two decode together, the third's rows start
+    as theirs finish (continuous batching), and every one's logprobs are still teacher-forced ones."""
+    engine = served["engine"]
+    engine.set_k(3)
+    tickets = [engine.submit(PROMPTS, n=2, max_tokens=12, temperature=1.0, return_prompt_logprobs=True)
+               for _ in range(3)]
+    assert engine.in_flight() == 6
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.set_k(2)  # requests in flight share one loop count
+    steps, done = 0, []
+    while not all(t.done for t in tickets):
+        done += engine.step()
+        steps += 1
+    assert engine.in_flight() == 0 and sorted(map(id, done)) == sorted(map(id, tickets))
+    assert steps <= 2 * 13, f"{steps} steps: the requests did not share the batch (one after another: 36+)"
+    for t in tickets:
+        groups = engine.collect(t)
+        assert [g.prompt_token_ids for g in groups] == PROMPTS and all(g.k == 3 for g in groups)
+        assert all(len(c.token_ids) == 12 for g in groups for c in g.completions)
+        prompt_gap, sampled_gap = sampled_vs_teacher_forced(served["model"], groups, 3)
+        assert max(prompt_gap, sampled_gap) <= TOL
+    with pytest.raises(ValueError, match="not finished"):
+        engine.collect(engine.submit(PROMPTS[:1], max_tokens=2))
+    engine.generate(PROMPTS[:1], max_tokens=2)  # steps the pending one to its end too
+    assert engine.in_flight() == 0
+
+
 def test_stop_tokens_end_completions(served):
     engine = served["engine"]
     groups = engine.generate(PROMPTS[:1], n=3, max_tokens=12, temperature=1.0, stop_token_ids=list(range(260)))
