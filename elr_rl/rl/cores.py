@@ -117,7 +117,7 @@ def lend_env(borrow: bool, output_dir: str) -> dict[str, str]:
 class CoreLender:
     """An actor's pinned cores, marked free to borrow while it is idle: a file per core, present while idle.
 
-    `with lender:` wraps the actor's work (the worker's engine lock does it: `LendingLock`); nested or
+    `with lender:` wraps the actor's work (the rollout worker's `EngineGate` does it); nested or
     concurrent holders count, so the cores are marked free only when the last one lets go.
     """
 
@@ -160,31 +160,6 @@ class CoreLender:
             self.directory.rmdir()  # the last lender on the node removes the run's directory
         except OSError:
             pass
-
-
-class LendingLock:
-    """A `threading.Lock` whose holder keeps the lender's cores marked busy (the rollout worker's engine lock)."""
-
-    def __init__(self, lender: CoreLender | None) -> None:
-        self._lock, self._lender = threading.Lock(), lender
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        got = self._lock.acquire(blocking, timeout)
-        if got and self._lender is not None:
-            self._lender.__enter__()
-        return got
-
-    def release(self) -> None:
-        if self._lender is not None:
-            self._lender.__exit__(None, None, None)
-        self._lock.release()
-
-    def __enter__(self) -> LendingLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 class CoreBorrower:

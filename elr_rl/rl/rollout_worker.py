@@ -40,15 +40,13 @@ from elr_rl.text import TextCodec
 
 log = logging.getLogger(__name__)
 
+WEIGHTS_FILE_PREFIX = "elr-rl-worker-"  # + pid-worker_id.safetensors: staged weights, alive only while loaded
+STALE_WEIGHTS_AGE_S = 600.0  # a load takes seconds; an older file of a dead pid is a killed worker's
 
 
 def max_concurrency(requests_per_worker: int) -> int:
     """The actor's threads: its generate calls, a parity logprob call waiting for the engine, a control call."""
     return requests_per_worker + 2
-
-
-WEIGHTS_FILE_PREFIX = "elr-rl-worker-"  # + pid-worker_id.safetensors: staged weights, alive only while loaded
-STALE_WEIGHTS_AGE_S = 600.0  # a load takes seconds; an older file of a dead pid is a killed worker's
 
 
 def sweep_stale_weight_files(directory: Path, min_age_s: float = STALE_WEIGHTS_AGE_S) -> list[Path]:

@@ -105,7 +105,7 @@ class Scheduler:
                 out.append((i, work, ray.get(ref)))
             except RayActorError as exc:
                 out.append((i, work, exc))
-        return out
+        return merge_deaths(out)
 
     def requeue_worker(self, i: int, work: list[Assignment]) -> int:
         """A worker died: its assignments (and any other request it held) go back to the front of the queue."""
@@ -116,6 +116,22 @@ class Scheduler:
         self.queue.extendleft(reversed(work))
         self.ledger["requeued"] += len(work)
         return len(work)
+
+
+def merge_deaths(results: list[tuple[int, list[Assignment], Any]]) -> list[tuple[int, list[Assignment], Any]]:
+    """One entry per dead worker: a worker holding several requests fails them all at once, and its
+    restart must happen once (the requests' assignments go back to the queue together, in order)."""
+    out: list = []
+    dead: dict[int, int] = {}  # worker index -> its entry in out
+    for i, work, reply in results:
+        if isinstance(reply, Exception) and i in dead:
+            j = dead[i]
+            out[j] = (i, out[j][1] + work, out[j][2])
+            continue
+        if isinstance(reply, Exception):
+            dead[i] = len(out)
+        out.append((i, work, reply))
+    return out
 
 
 def async_lookahead(groups_per_step: int, max_staleness: int, learner_busy: bool) -> int:

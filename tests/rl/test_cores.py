@@ -48,21 +48,25 @@ def test_applied_budget_ignores_the_callers_omp_num_threads(caller_threads):
 
 
 def test_a_lender_marks_its_cores_free_only_while_nobody_holds_them(tmp_path):
-    from elr_rl.rl.cores import CoreLender, LendingLock
+    from elr_rl.rl.cores import CoreLender
+    from elr_rl.rl.engine_gate import EngineGate
 
     lender = CoreLender(tmp_path / "lend", [3, 5], holders=1)  # starting up: busy
     assert sorted(os.listdir(tmp_path / "lend")) == []
     lender.__exit__(None, None, None)
     assert sorted(os.listdir(tmp_path / "lend")) == ["3", "5"]
-    lock = LendingLock(lender)
-    with lock:
+    gate = EngineGate(max_shared=2, lender=lender)  # the rollout worker's: its engine in use = its cores busy
+    with gate.request(1, lambda k: None):
         assert os.listdir(tmp_path / "lend") == []
+        with gate.request(1, lambda k: None):  # a second request: one holder for the gate
+            pass
         with lender:  # a second holder (nested work) keeps them busy after the first lets go
             pass
         assert os.listdir(tmp_path / "lend") == []
     assert sorted(os.listdir(tmp_path / "lend")) == ["3", "5"]
-    assert lock.acquire(blocking=False) and not lock.acquire(blocking=False)  # still a plain mutex
-    lock.release()
+    with gate.exclusive():
+        assert os.listdir(tmp_path / "lend") == []
+    assert sorted(os.listdir(tmp_path / "lend")) == ["3", "5"]
     lender.close()
     assert not (tmp_path / "lend").exists()  # the last lender removes the run's directory
 

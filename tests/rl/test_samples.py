@@ -351,3 +351,12 @@ def test_one_request_per_worker_when_configured():
     sched.fill(workers, learner_busy=False, downstream=0, step=0)
     sched.fill(workers, learner_busy=False, downstream=0, step=0)
     assert [len(w.requests) for w in workers] == [1, 1]
+
+
+def test_a_worker_that_dies_holding_two_requests_is_restarted_once_with_both_requeued():
+    from elr_rl.rl.scheduler import merge_deaths
+
+    a, b, c = _a(1, 1), _a(2, 1), _a(3, 2)
+    died = RuntimeError("actor died")
+    out = merge_deaths([(0, [a], died), (1, [c], "reply"), (0, [b], died)])
+    assert out == [(0, [a, b], died), (1, [c], "reply")]
