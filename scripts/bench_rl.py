@@ -49,7 +49,7 @@ def random_checkpoint(size: str, out: Path) -> Path:
 
 def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_init: bool = False,
              dtype: str = "float32", share_prompts: bool = True, queued_steps: int = 1,
-             borrow_idle_cores: bool = False) -> dict:
+             borrow_idle_cores: bool = False, requests_per_worker: int = 2) -> dict:
     """One RL run: `sync`, `async` (loop counts 1-4 from the curriculum) or `async_k1` (k = 1 only)."""
     from elr_rl.rl.config import RLConfig
     from elr_rl.rl.driver import Driver
@@ -80,6 +80,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     cfg.learner.engine.precision = "bf16" if dtype == "bfloat16" else "fp32"
     cfg.learner.share_prompts = share_prompts
     cfg.learner.borrow_idle_cores = borrow_idle_cores
+    cfg.rollout.requests_per_worker = requests_per_worker
     cfg.validate()
     shutil.rmtree(out / name, ignore_errors=True)
     t0 = time.perf_counter()
@@ -97,6 +98,7 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
     busy = [r["perf/learner_threads_busy"] for r in rows[1:] if "perf/learner_threads_busy" in r]
     borrowed = [r.get("perf/learner_borrowed_cores", 0.0) for r in rows[1:]]
     wait = [r["timing_s/learner_wait"] for r in rows[1:] if r.get("timing_s/learner_wait") is not None]
+    joined = [r["perf/rollout_joined_frac"] for r in rows[1:] if "perf/rollout_joined_frac" in r]
     loop_tokens = sum(r.get("batch/loop_tokens", 0) for r in rows[1:])
     sublayer_tokens = sum(r.get("batch/learner_sublayer_tokens", 0) for r in rows[1:])
     # tokens the learner computed (each group's prompt once with share_prompts) over the samples' own tokens
@@ -107,6 +109,8 @@ def run_mode(name: str, ckpt: Path, out: Path, steps: int, workers: int, random_
             "learner_threads_busy": sum(busy) / len(busy) if busy else None,
             "learner_borrowed_cores": sum(borrowed) / len(borrowed) if borrowed else None,
             "learner_wait_s": sum(wait) / len(wait) if wait else None,  # the rank idle between steps
+            # requests that joined a batch their worker's engine was running (rollout.requests_per_worker)
+            "rollout_joined_frac": sum(joined) / len(joined) if joined else None,
             # the learner's speed on the work it got (steps at deeper k mixes carry more)
             "learner_loop_tokens_per_s": loop_tokens / sum(compute) if compute else None,
             # the same on the tokens it ran x D_eff(k): comparable between runs of different depth mixes
@@ -175,6 +179,9 @@ def main() -> None:
                         "every sample carries its own copy, as before)")
     p.add_argument("--queued-steps", type=int, default=1,
                    help="async_.queued_steps: learner steps submitted behind the running one (0: none, as before)")
+    p.add_argument("--requests-per-worker", type=int, default=2,
+                   help="rollout.requests_per_worker: requests a worker holds at once, sharing its engine's batch "
+                        "at one k (1: one at a time, as before)")
     p.add_argument("--borrow-idle-cores", action=argparse.BooleanOptionalAction, default=False,
                    help="learner.borrow_idle_cores: the learner also runs on the rollout worker's core while that "
                         "worker is idle (every mode)")
@@ -182,6 +189,8 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not {"sync", "async"} <= set(modes) or set(modes) - {"sync", "async", "async_k1"}:
         p.error(f"--modes {args.modes!r}: sync and async are required, async_k1 optional")
+    if args.requests_per_worker < 1:
+        p.error(f"--requests-per-worker {args.requests_per_worker}: use 1 or more")
     if args.trl and "async_k1" not in modes:
         p.error("--trl compares TRL with async_k1: add async_k1 to --modes or pass --no-trl")
     logging.basicConfig(level=logging.WARNING)
@@ -206,7 +215,7 @@ def main() -> None:
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         res = {m: run_mode(m, ckpt, out, args.steps, args.workers, args.size != "toy", dtype, args.share_prompts,
-                           args.queued_steps, args.borrow_idle_cores) for m in modes}
+                           args.queued_steps, args.borrow_idle_cores, args.requests_per_worker) for m in modes}
     finally:
         ray.shutdown()
     # TRL's model is a plain transformer of the k = 1 size: compare it with our run at k = 1
@@ -217,10 +226,11 @@ def main() -> None:
     # computed: the tokens the learner ran over the samples' own (prompt + response) tokens
     # wait s: the rank idle between the end of one step and the start of the next
     # borrow: the rollout cores the rank ran on besides its own, mean over the step (--borrow-idle-cores)
+    # joined: the share of generate requests that joined their worker's running batch
     print(f"learner.share_prompts={args.share_prompts} async_.queued_steps={args.queued_steps} "
-          f"learner.borrow_idle_cores={args.borrow_idle_cores}")
+          f"learner.borrow_idle_cores={args.borrow_idle_cores} rollout.requests_per_worker={args.requests_per_worker}")
     print(f"{'mode':>8} {'samples/s':>10} {'step s':>8} {'learn s':>8} {'rank s':>8} {'wait s':>7} {'busy':>6} "
-          f"{'loop tok/s':>10} {'sub tok/s':>9} {'sync s':>8} {'sync/learn':>10} {'computed':>9} {'borrow':>6}")
+          f"{'loop tok/s':>10} {'sub tok/s':>9} {'sync s':>8} {'sync/learn':>10} {'computed':>9} {'borrow':>6} {'joined':>6}")
     nan = float("nan")
     for r in res.values():
         rank_s, busy = r["learner_compute_s"] or nan, r["learner_threads_busy"] or nan
@@ -229,7 +239,8 @@ def main() -> None:
               f"{rank_s:>8.2f} {wait:>7.2f} {busy:>6.2f} {r['learner_loop_tokens_per_s'] or nan:>10.0f} "
               f"{r['learner_sublayer_tokens_per_s'] or nan:>9.0f} "
               f"{r['weight_sync_s']:>8.3f} {r['sync_over_learner_step']:>10.1%} "
-              f"{r['learner_tokens_over_sample_tokens'] or nan:>9.1%} {r['learner_borrowed_cores'] or 0.0:>6.2f}")
+              f"{r['learner_tokens_over_sample_tokens'] or nan:>9.1%} {r['learner_borrowed_cores'] or 0.0:>6.2f} "
+              f"{r['rollout_joined_frac'] if r['rollout_joined_frac'] is not None else nan:>6.2f}")
     if trl.get("trl_samples_per_s"):
         print(f"{'trl':>8} {trl['trl_samples_per_s']:>10.2f} {trl['trl_step_s']:>8.2f} {'-':>8} {'-':>8} {'-':>10}")
         print(f"trl: GRPOTrainer {trl['trl_version']}, random-init Llama of the k = 1 size, completion tokens mean "
