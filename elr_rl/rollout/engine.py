@@ -394,20 +394,11 @@ class RolloutEngine:
         return stats
 
     # ------------------------------------------------------------------ sampling
-    def generate(
-        self,
-        prompts_token_ids: Sequence[Sequence[int]],
-        n: int = 1,
-        max_tokens: int = 64,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_token_ids: Sequence[int] | None = None,
-        return_prompt_logprobs: bool = False,
-    ) -> list[CompletionGroup]:
-        """n completions per prompt, each with its sampled tokens' logprobs, at the engine's k. Steps the
-        engine until they are done (requests submitted earlier run on alongside)."""
-        ticket = self.submit(prompts_token_ids, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                             stop_token_ids=stop_token_ids, return_prompt_logprobs=return_prompt_logprobs)
+    def generate(self, prompts_token_ids: Sequence[Sequence[int]], **request) -> list[CompletionGroup]:
+        """n completions per prompt, each with its sampled tokens' logprobs, at the engine's k (`request`:
+        submit's keyword arguments). Steps the engine until they are done (requests submitted earlier run
+        on alongside)."""
+        ticket = self.submit(prompts_token_ids, **request)
         while not ticket.done:
             self.step()
         return self.collect(ticket)
