@@ -55,11 +55,12 @@ class Scheduler:
                 pending = downstream + self.in_flight()
                 if pending >= limit:
                     return
-                running = [work[0].k for j, work in self.inflight.values() if j == i and work]
-                if len(running) != round_:
+                held = [work for j, work in self.inflight.values() if j == i]
+                if len(held) != round_:
                     continue
+                running = next((work[0].k for work in held if work), None)
                 n = min(c.rollout.prompts_per_request, limit - pending)
-                work = self._next_request(n, step, running[0] if running else None)
+                work = self._next_request(n, step, running)
                 self.inflight[worker.generate.remote(work)] = (i, work)
 
     def _next_request(self, n: int, step: int, k: int | None = None) -> list[Assignment]:
