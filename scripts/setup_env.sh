@@ -37,6 +37,13 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
     || { echo "[setup] the installed environment does not import (see above)" >&2; exit 1; }
   echo "$HASH" > "$STAMP"
 fi
+# CPU: compile the decode-attention kernel for this machine now (cached; about 30 s the first time) rather
+# than inside the first vLLM engine. Where it cannot be built, vLLM's own kernel runs and this says why.
+if [ "$ELR_EXTRA" = "cpu" ]; then
+  "$VENV/bin/python" -c "
+from elr_rl.model import cpu_attention as c
+print('[setup] decode-attention kernel:', 'ready' if c.load() is not None else 'not built (vLLM CPU kernel runs): ' + str(c.load_error()))" 2>&1 | grep "^\[setup\]" || true
+fi
 # Debian packages (chromium for the dashboard tests, bubblewrap for the sandbox), only when missing.
 if [ -z "${ELR_SKIP_SYSTEM_DEPS:-}" ]; then
   bash "$ROOT/scripts/install_system_deps.sh" || echo "[setup] could not install system packages (see above)" >&2

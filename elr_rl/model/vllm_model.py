@@ -27,7 +27,8 @@ Head sizes the attention backend lacks (CPU: below 32) are zero-padded inside th
 core (`kernel_head_size`); the projections are plain `nn.Linear`, so the model
 runs with tensor_parallel_size=1 on CPU and CUDA alike. On CPU they run through
 vLLM's oneDNN matmul on weights packed after every load (`PackedLinears`; the
-`elr_cpu_gemm` override picks "onednn" or "torch").
+`elr_cpu_gemm` override picks "onednn" or "torch"), and decode steps' attention runs our kernel
+on vLLM's paged cache (`elr_rl.model.cpu_attention`; `elr_cpu_attention` picks "elr" or "vllm").
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ KV_LOOPS_KEY = "elr_kv_loops"
 # hf_overrides key: the CPU matmul of the projections, "onednn" (default) or "torch" (F.linear).
 CPU_GEMM_KEY = "elr_cpu_gemm"
 CPU_GEMMS = ("onednn", "torch")
-_ENGINE_KEYS = (KV_LOOPS_KEY, CPU_GEMM_KEY)  # engine settings riding in hf_overrides, not model fields
+# hf_overrides key: decode attention on CPU, "elr" (our kernel, default) or "vllm" (vLLM-CPU's kernel).
+CPU_ATTENTION_KEY = "elr_cpu_attention"
+CPU_ATTENTIONS = ("elr", "vllm")
+_ENGINE_KEYS = (KV_LOOPS_KEY, CPU_GEMM_KEY, CPU_ATTENTION_KEY)  # engine settings in hf_overrides, not model fields
 
 
 def kernel_head_size(head_dim: int, has_window: bool) -> int:
@@ -86,6 +90,7 @@ class VllmAttentionCore(nn.Module):
         self.spec, self.cache_mode, self.kv_loops = spec, cache_mode, kv_loops
         self.H, self.KV, self.hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.attn = nn.ModuleDict()
+        self.decode_kernel_calls = 0  # attention calls our CPU decode kernel ran (use_decode_kernel)
         for layer in range(spec.num_sublayers):
             if not spec.is_attention(layer):
                 continue
@@ -119,6 +124,46 @@ class VllmAttentionCore(nn.Module):
                 loops = range(k) if self._per_loop(layer) else range(1)
                 names += [self.attn[str(self.virtual_index(layer, i))].layer_name for i in loops]
         return names
+
+    def use_decode_kernel(self, block_size: int, dtype: torch.dtype) -> str:
+        """CPU: run decode-only steps' attention on `elr_rl.model.cpu_attention`'s kernel (other steps, and
+        layers it does not cover, keep vLLM's). Returns "elr" when every layer uses it, else "vllm" (why, logged)."""
+        from elr_rl.model import cpu_attention
+
+        reasons = []
+        for attn in self.attn.values():
+            why = cpu_attention.supports(attn.head_size, self.H, self.KV, block_size, dtype) or _unsupported(attn.impl)
+            if why:
+                reasons.append(why)
+        if reasons:
+            logger.warning("decode attention stays on vLLM's CPU kernel: %s", reasons[0])
+            return "vllm"
+        module = cpu_attention.load()
+        if module is None:
+            return "vllm"  # load() logged why
+        for attn in self.attn.values():
+            attn.impl.forward = self._decode_forward(attn.impl, attn.impl.forward, module)
+        return "elr"
+
+    def _decode_forward(self, impl, vllm_forward, module):
+        window = max(int(impl.sliding_window), 0)
+
+        def forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
+                    output_block_scale=None):
+            meta = attn_metadata
+            if (meta is not None and output_scale is None and output_block_scale is None and meta.max_query_len == 1
+                    and meta.causal is True and meta.dynamic_causal is None and kv_cache.dtype == query.dtype
+                    and kv_cache.is_contiguous() and meta.block_table.dtype == torch.int32
+                    and meta.seq_lens.dtype == torch.int32):
+                n = meta.num_actual_tokens
+                module.decode_attention(query[:n], kv_cache, meta.block_table[:n], meta.seq_lens[:n], output[:n],
+                                        impl.scale, window)
+                self.decode_kernel_calls += 1
+                return output
+            return vllm_forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
+                                output_block_scale)
+
+        return forward
 
     def forward(self, q, k, v, layer_id: int, loop_idx: int, window: int | None) -> torch.Tensor:
         # q: [T, H, hd]; k, v: [T, KV, hd] (a flat token stream) -> [T, H, hd]
@@ -167,6 +212,10 @@ class LoopedVllmForCausalLM(nn.Module):
 
         self.cpu_gemm = _cpu_gemm(hf, current_platform.device_type, vllm_config.model_config.enforce_eager)
         self.packed = PackedLinears(self) if self.cpu_gemm == "onednn" else None
+        self.cpu_attention = "vllm"  # decode attention: our kernel ("elr") or vLLM's
+        if _cpu_attention(hf, current_platform.device_type) == "elr":
+            self.cpu_attention = self.core.use_decode_kernel(vllm_config.cache_config.block_size,
+                                                             vllm_config.model_config.dtype)
         if spec.kv_cache_mode == "last_loop":
             _warn_unsafe_last_loop(vllm_config)
 
@@ -278,6 +327,27 @@ def _cpu_gemm(hf, platform: str, eager: bool) -> str:
     from vllm import _custom_ops as ops
 
     return "onednn" if getattr(ops, "_supports_onednn", False) else "torch"
+
+
+def _cpu_attention(hf, platform: str) -> str:
+    """Decode attention: our kernel on CPU unless asked otherwise; vLLM's own on other devices."""
+    choice = str(getattr(hf, CPU_ATTENTION_KEY, None) or "elr")
+    if choice not in CPU_ATTENTIONS:
+        raise ValueError(f"{CPU_ATTENTION_KEY}={choice!r}: pick one of {CPU_ATTENTIONS}")
+    return choice if platform == "cpu" else "vllm"
+
+
+def _unsupported(impl) -> str | None:
+    """Why our decode kernel cannot stand in for this vLLM attention implementation, or None."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    if not isinstance(impl, CPUAttentionBackendImpl):
+        return f"attention backend {type(impl).__name__} (the CPU backend's only)"
+    if impl.alibi_slopes is not None or impl.logits_soft_cap or impl.sinks is not None:
+        return "ALiBi, logit soft-capping or attention sinks"
+    if impl.kv_cache_dtype != "auto":
+        return f"kv cache dtype {impl.kv_cache_dtype!r} (the model's own only)"
+    return None
 
 
 def _warn_unsafe_last_loop(vllm_config) -> None:

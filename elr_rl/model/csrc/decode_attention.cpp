@@ -1,0 +1,346 @@
+// Decode attention over vLLM-CPU's paged KV cache: one query token per sequence.
+//
+// Cache layout (vLLM's CPU attention backend): kv_cache[num_blocks][kv_heads][2 * block_size][head_dim],
+// where the first block_size * head_dim elements of a (block, kv head) hold K transposed
+// ([head_dim][block_size]: one row per channel, tokens contiguous) and the next block_size * head_dim hold V
+// ([block_size][head_dim]: one row per token).
+//
+// Why this kernel: vLLM-CPU's generic ("vec") kernel widens every bf16 cache element with a cross-lane
+// zero-extension before its fp32 FMAs, and on a CPU without AMX that widening, not the arithmetic or the
+// memory, bounds a decode step at RL-length contexts (profiled in scripts/bench_rollout.py's notes). Here a
+// pair of bf16 values is read as one 32-bit word and split with a shift and a mask (lane-local, cheap): the
+// even element's fp32 value is `word << 16`, the odd one's `word & 0xffff0000`. Scores and outputs are kept
+// in that even/odd order inside each 32-token chunk / head_dim row and put back in order at the end. The
+// arithmetic is fp32, as in vLLM's kernel. The loops are plain C++ written for the compiler's vectoriser
+// (built with -O3 -march=native for the machine it runs on).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kChunk = 32;  // tokens per chunk; block sizes are multiples of it
+constexpr int kHalf = kChunk / 2;
+
+inline float as_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// e^x for x <= 0 (softmax after subtracting the max); relative error ~1e-7, vectorisable.
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float y = x * 1.4426950408889634f;
+  const float n = (y + 12582912.0f) - 12582912.0f;  // round to nearest (|y| < 2^22)
+  const float f = (y - n) * 0.6931471805599453f;     // |f| <= ln2 / 2
+  float p = 1.0f / 5040.0f;
+  p = p * f + 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const int32_t e = static_cast<int32_t>(n) + 127;
+  return p * as_float(static_cast<uint32_t>(e) << 23);
+}
+
+// Split 32 cache elements into two halves of 16 fp32 values. bf16: even and odd elements; fp32: first and
+// second 16. `index(i, half)` is the element a half's i-th value came from.
+template <typename T>
+struct Split;
+
+template <>
+struct Split<at::BFloat16> {
+  static inline void load(const at::BFloat16* src, float* lo, float* hi) {
+    uint32_t w[kHalf];
+    std::memcpy(w, src, sizeof w);
+    for (int i = 0; i < kHalf; ++i) {
+      lo[i] = as_float(w[i] << 16);
+      hi[i] = as_float(w[i] & 0xffff0000u);
+    }
+  }
+  static constexpr int index(int i, int half) { return 2 * i + half; }
+};
+
+template <>
+struct Split<float> {
+  static inline void load(const float* src, float* lo, float* hi) {
+    for (int i = 0; i < kHalf; ++i) {
+      lo[i] = src[i];
+      hi[i] = src[i + kHalf];
+    }
+  }
+  static constexpr int index(int i, int half) { return i + half * kHalf; }
+};
+
+template <typename T, int D, int G>
+void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __restrict__ cache,
+                int64_t block_stride, int64_t head_stride, const int32_t* __restrict__ blocks, int block_size,
+                int kv_head, int seq_len, int window, float scale, T* __restrict__ out, int64_t out_head_stride,
+                std::vector<float>& scratch) {
+  static_assert(D % kChunk == 0, "head_dim must be a multiple of 32");
+  constexpr int DH = D / 2;
+  const int start = window > 0 ? std::max(0, seq_len - window) : 0;
+  const int first_chunk = start / kChunk;
+  const int n_chunks = (seq_len + kChunk - 1) / kChunk - first_chunk;
+  const int chunks_per_block = block_size / kChunk;
+
+  float q[G][D];
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < D; ++d) q[g][d] = static_cast<float>(q_in[g * q_head_stride + d]) * scale;
+
+  scratch.resize(static_cast<size_t>(G) * n_chunks * kChunk);
+  float* sc = scratch.data();  // [chunk][g][32]: per chunk, G rows of (lo 16, hi 16)
+
+  // A chunk's K rows and V rows: where they start.
+  auto k_of = [&](int chunk) {
+    const int64_t block = blocks[chunk / chunks_per_block];
+    return cache + block * block_stride + kv_head * head_stride + (chunk % chunks_per_block) * kChunk;
+  };
+  auto v_of = [&](int chunk) {
+    const int64_t block = blocks[chunk / chunks_per_block];
+    return cache + block * block_stride + kv_head * head_stride + static_cast<int64_t>(block_size) * D +
+           static_cast<int64_t>(chunk % chunks_per_block) * kChunk * D;
+  };
+  // Blocks sit anywhere in the cache and a chunk is a few KiB, so the hardware's stream prefetchers do not
+  // run ahead and a decode step waits on memory latency (about 6 GB/s on one core of the machine these
+  // notes come from, where streaming reads reach 20). While computing a chunk's scores, fetch the next
+  // chunk's K and V into L2 (locality 2: fetching into L1 measured no faster than not fetching), a line or
+  // two per channel: 1.9x on a 512-sequence step at context ~400 (bf16, one thread).
+  auto prefetch_next = [&](const char* k_next, const char* v_next, int d) {
+    constexpr int64_t k_row = kChunk * sizeof(T), v_lines_per_channel = kChunk * sizeof(T) / 64;
+    for (int64_t b = 0; b < k_row; b += 64) __builtin_prefetch(k_next + d * block_size * sizeof(T) + b, 0, 2);
+    for (int64_t l = 0; l < v_lines_per_channel; ++l)
+      __builtin_prefetch(v_next + (d * v_lines_per_channel + l) * 64, 0, 2);
+  };
+
+  // Scores: s[g][t] = q[g] . K[t], K read as rows of one channel over 32 tokens.
+  for (int c = 0; c < n_chunks; ++c) {
+    const int chunk = first_chunk + c;
+    const T* k_t = k_of(chunk);
+    // The next chunk's K and V, spread over this chunk's channels (the last chunk fetches itself: harmless).
+    const int next = c + 1 < n_chunks ? chunk + 1 : chunk;
+    const char* k_next = reinterpret_cast<const char*>(k_of(next));
+    const char* v_next = reinterpret_cast<const char*>(v_of(next));
+    float* dst = sc + static_cast<size_t>(c) * G * kChunk;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+      __m512 acc_lo[G], acc_hi[G];
+      for (int g = 0; g < G; ++g) acc_lo[g] = acc_hi[g] = _mm512_setzero_ps();
+      for (int d = 0; d < D; ++d) {
+        prefetch_next(k_next, v_next, d);
+        const __m512i w = _mm512_loadu_si512(k_t + static_cast<int64_t>(d) * block_size);
+        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(w, mask));
+        for (int g = 0; g < G; ++g) {
+          const __m512 qd = _mm512_set1_ps(q[g][d]);
+          acc_lo[g] = _mm512_fmadd_ps(qd, lo, acc_lo[g]);
+          acc_hi[g] = _mm512_fmadd_ps(qd, hi, acc_hi[g]);
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        _mm512_storeu_ps(dst + g * kChunk, acc_lo[g]);
+        _mm512_storeu_ps(dst + g * kChunk + kHalf, acc_hi[g]);
+      }
+      continue;
+    }
+#endif
+    float acc[G][kChunk] = {};
+    for (int d = 0; d < D; ++d) {
+      prefetch_next(k_next, v_next, d);
+      float lo[kHalf], hi[kHalf];
+      Split<T>::load(k_t + static_cast<int64_t>(d) * block_size, lo, hi);
+      for (int g = 0; g < G; ++g) {
+        const float qd = q[g][d];
+        for (int i = 0; i < kHalf; ++i) {
+          acc[g][i] += qd * lo[i];
+          acc[g][kHalf + i] += qd * hi[i];
+        }
+      }
+    }
+    std::memcpy(dst, acc, sizeof acc);
+  }
+
+  // Mask the first and last chunks' tokens outside [start, seq_len), then the softmax.
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int c : {0, n_chunks - 1}) {
+    const int base = (first_chunk + c) * kChunk;
+    for (int g = 0; g < G; ++g)
+      for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < kHalf; ++i) {
+          const int t = base + Split<T>::index(i, half);
+          if (t < start || t >= seq_len) sc[(static_cast<size_t>(c) * G + g) * kChunk + half * kHalf + i] = neg_inf;
+        }
+  }
+  float inv_sum[G];
+  for (int g = 0; g < G; ++g) {
+    float m = neg_inf;
+    for (int c = 0; c < n_chunks; ++c) {
+      const float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
+      for (int i = 0; i < kChunk; ++i) m = std::max(m, row[i]);
+    }
+    float sum = 0.0f;
+    for (int c = 0; c < n_chunks; ++c) {
+      float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
+      for (int i = 0; i < kChunk; ++i) {
+        const float p = row[i] == neg_inf ? 0.0f : exp_nonpositive(row[i] - m);
+        row[i] = p;
+        sum += p;
+      }
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
+
+  // Output: o[g] = sum_t p[g][t] V[t], V rows split into two halves of channels.
+  alignas(64) float o_lo[G][DH] = {}, o_hi[G][DH] = {};
+  for (int c = 0; c < n_chunks; ++c) {
+    const int chunk = first_chunk + c;
+    const T* v = v_of(chunk);
+    const float* probs = sc + static_cast<size_t>(c) * G * kChunk;
+    const int t0 = chunk * kChunk;
+    for (int half = 0; half < 2; ++half) {
+      for (int i = 0; i < kHalf; ++i) {
+        const int j = Split<T>::index(i, half);  // token within the chunk
+        if (t0 + j < start || t0 + j >= seq_len) continue;
+        const T* row = v + static_cast<int64_t>(j) * D;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+          __m512 lo[D / kChunk], hi[D / kChunk];
+          for (int part = 0; part < D / kChunk; ++part) {
+            const __m512i w = _mm512_loadu_si512(row + part * kChunk);
+            lo[part] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+            hi[part] = _mm512_castsi512_ps(_mm512_and_si512(w, mask));
+          }
+          for (int g = 0; g < G; ++g) {
+            const __m512 p = _mm512_set1_ps(probs[g * kChunk + half * kHalf + i]);
+            for (int part = 0; part < D / kChunk; ++part) {
+              float* a = &o_lo[g][part * kHalf];
+              float* b = &o_hi[g][part * kHalf];
+              _mm512_store_ps(a, _mm512_fmadd_ps(p, lo[part], _mm512_load_ps(a)));
+              _mm512_store_ps(b, _mm512_fmadd_ps(p, hi[part], _mm512_load_ps(b)));
+            }
+          }
+          continue;
+        }
+#endif
+        float lo[DH], hi[DH];
+        for (int part = 0; part < D / kChunk; ++part)
+          Split<T>::load(row + part * kChunk, lo + part * kHalf, hi + part * kHalf);
+        for (int g = 0; g < G; ++g) {
+          const float p = probs[g * kChunk + half * kHalf + i];
+          for (int e = 0; e < DH; ++e) {
+            o_lo[g][e] += p * lo[e];
+            o_hi[g][e] += p * hi[e];
+          }
+        }
+      }
+    }
+  }
+  // Channel e of a half, in the row's order: part = e / 16, then Split's index within that 32-wide part.
+  for (int g = 0; g < G; ++g) {
+    T* dst = out + g * out_head_stride;
+    for (int e = 0; e < DH; ++e) {
+      const int part = e / kHalf, i = e % kHalf;
+      dst[part * kChunk + Split<T>::index(i, 0)] = static_cast<T>(o_lo[g][e] * inv_sum[g]);
+      dst[part * kChunk + Split<T>::index(i, 1)] = static_cast<T>(o_hi[g][e] * inv_sum[g]);
+    }
+  }
+}
+
+template <typename T, int D, int G>
+void run(const torch::Tensor& query, const torch::Tensor& kv_cache, const torch::Tensor& block_table,
+         const torch::Tensor& seq_lens, torch::Tensor& out, double scale, int64_t window) {
+  const int64_t n = query.size(0), kv_heads = kv_cache.size(1), block_size = kv_cache.size(2);
+  const T* q = query.data_ptr<T>();
+  const T* cache = kv_cache.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int64_t q_tok = query.stride(0), q_head = query.stride(1), o_tok = out.stride(0), o_head = out.stride(1);
+  const int64_t table_stride = block_table.stride(0);
+  const int64_t block_stride = kv_cache.stride(0), head_stride = kv_cache.stride(1);
+  at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = item / kv_heads;
+      const int h = static_cast<int>(item % kv_heads);
+      attend_one<T, D, G>(q + s * q_tok + h * G * q_head, q_head, cache, block_stride, head_stride,
+                          table + s * table_stride, static_cast<int>(block_size), h, lens[s],
+                          static_cast<int>(window), static_cast<float>(scale), o + s * o_tok + h * G * o_head, o_head,
+                          scratch);
+    }
+  });
+}
+
+template <typename T, int D>
+void dispatch_group(int64_t group, const torch::Tensor& query, const torch::Tensor& kv_cache,
+                    const torch::Tensor& block_table, const torch::Tensor& seq_lens, torch::Tensor& out, double scale,
+                    int64_t window) {
+  switch (group) {
+    case 1: return run<T, D, 1>(query, kv_cache, block_table, seq_lens, out, scale, window);
+    case 2: return run<T, D, 2>(query, kv_cache, block_table, seq_lens, out, scale, window);
+    case 4: return run<T, D, 4>(query, kv_cache, block_table, seq_lens, out, scale, window);
+    case 8: return run<T, D, 8>(query, kv_cache, block_table, seq_lens, out, scale, window);
+    default: TORCH_CHECK(false, "decode_attention: query heads per KV head must be 1, 2, 4 or 8, got ", group);
+  }
+}
+
+template <typename T>
+void dispatch_dim(int64_t dim, int64_t group, const torch::Tensor& query, const torch::Tensor& kv_cache,
+                  const torch::Tensor& block_table, const torch::Tensor& seq_lens, torch::Tensor& out, double scale,
+                  int64_t window) {
+  switch (dim) {
+    case 32: return dispatch_group<T, 32>(group, query, kv_cache, block_table, seq_lens, out, scale, window);
+    case 64: return dispatch_group<T, 64>(group, query, kv_cache, block_table, seq_lens, out, scale, window);
+    case 128: return dispatch_group<T, 128>(group, query, kv_cache, block_table, seq_lens, out, scale, window);
+    case 256: return dispatch_group<T, 256>(group, query, kv_cache, block_table, seq_lens, out, scale, window);
+    default: TORCH_CHECK(false, "decode_attention: head_dim must be 32, 64, 128 or 256, got ", dim);
+  }
+}
+
+}  // namespace
+
+// query [n, heads, head_dim], kv_cache [blocks, kv_heads, block_size, 2 * head_dim], block_table [n, max_blocks]
+// int32, seq_lens [n] int32 (each sequence's length including the query token), out [n, heads, head_dim].
+// window > 0: attend to the last `window` tokens only.
+void decode_attention(torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_table, torch::Tensor seq_lens,
+                      torch::Tensor out, double scale, int64_t window) {
+  TORCH_CHECK(query.dim() == 3 && out.dim() == 3 && kv_cache.dim() == 4, "decode_attention: bad ranks");
+  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == query.scalar_type(),
+              "decode_attention: query, cache and output must share a dtype");
+  TORCH_CHECK(kv_cache.is_contiguous() && query.stride(2) == 1 && out.stride(2) == 1,
+              "decode_attention: contiguous cache and head rows required");
+  TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
+              "decode_attention: int32 block table and lengths required");
+  const int64_t dim = query.size(2), heads = query.size(1), kv_heads = kv_cache.size(1);
+  TORCH_CHECK(kv_cache.size(3) == 2 * dim, "decode_attention: cache rows must be 2 * head_dim");
+  TORCH_CHECK(kv_cache.size(2) % kChunk == 0, "decode_attention: block size must be a multiple of 32");
+  TORCH_CHECK(heads % kv_heads == 0, "decode_attention: heads must be a multiple of kv heads");
+  TORCH_CHECK(seq_lens.size(0) == query.size(0) && block_table.size(0) == query.size(0),
+              "decode_attention: one block-table row and one length per query");
+  if (query.scalar_type() == torch::kBFloat16) {
+    dispatch_dim<at::BFloat16>(dim, heads / kv_heads, query, kv_cache, block_table, seq_lens, out, scale, window);
+  } else if (query.scalar_type() == torch::kFloat32) {
+    dispatch_dim<float>(dim, heads / kv_heads, query, kv_cache, block_table, seq_lens, out, scale, window);
+  } else {
+    TORCH_CHECK(false, "decode_attention: bfloat16 or float32 only");
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "decode attention over a paged KV cache (vLLM-CPU layout)");
+}

