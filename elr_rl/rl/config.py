@@ -47,6 +47,10 @@ class RolloutConfig:
     """CUDA only: share of the worker's GPU its engine takes (weights, activations, KV cache: the cache is
     what is left after the weights, and vLLM preempts sequences that do not fit); lower it where a
     learner shares the GPU (num_gpus_per_worker below 1)."""
+    cpu_attention: str = "elr"
+    """CPU only: decode steps' attention: "elr" (our kernel on vLLM's paged KV cache, compiled for the machine
+    on first use; 1.9x vLLM-CPU's kernel on a 512-sequence step at context ~400: elr_rl/model/cpu_attention.py)
+    or "vllm" (vLLM-CPU's own). Where ours cannot be built, vLLM's runs and the worker's log says why."""
     prompts_per_request: int = 4
     """Prompts handed to a worker per generate call (smaller: finer-grained asynchrony; larger: a fuller
     decode batch, as the engine decodes prompts_per_request x group_size sequences together: at 47M
@@ -77,6 +81,8 @@ class RolloutConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             _fail("rollout.gpu_memory_utilization", f"got {self.gpu_memory_utilization}",
                   "use a share of the GPU in (0, 1], e.g. 0.85")
+        if self.cpu_attention not in ("elr", "vllm"):
+            _fail("rollout.cpu_attention", f"got {self.cpu_attention!r}", "use 'elr' (our kernel) or 'vllm'")
         from elr_rl.model.config import KV_CACHE_MODES
 
         if self.cache_mode not in KV_CACHE_MODES:

@@ -16,6 +16,7 @@ def ckpt(tmp_path):
     ("learner.engine.zero_stage=3", "learner.engine.zero_stage"),
     ("rollout.group_size=1", "rollout.group_size"),
     ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
+    ("rollout.cpu_attention=fast", "rollout.cpu_attention"),
     ("algo.aggregation=group", "algo.aggregation"),
     ("async_.mode=eventually", "async_.mode"),
     ("curriculum.alpha=1.5", "curriculum.alpha"),

@@ -92,3 +92,44 @@ def test_kernel_refuses_bad_input():
         cpu_attention.decode_attention(query.bfloat16(), cache, table, lens, torch.empty_like(query), 0.1)
     with pytest.raises(RuntimeError, match="int32"):
         cpu_attention.decode_attention(query, cache, table.long(), lens, torch.empty_like(query), 0.1)
+
+
+def test_an_empty_row_gets_zeros_and_reads_nothing():
+    query, cache, table, lens = paged_case(3, 8, 4, 64, 32, [40, 1, 40], torch.bfloat16)
+    lens[1] = 0
+    table[1] = 10**6  # a block number far outside the cache: reading it would fault
+    out = torch.full_like(query, float("nan"))
+    cpu_attention.decode_attention(query, cache, table, lens, out, 0.125)
+    assert (out[1] == 0).all()
+    torch.testing.assert_close(out[[0, 2]].float(), cpu_attention.reference(
+        query[[0, 2]], cache, table[[0, 2]], lens[[0, 2]], 0.125).float(), atol=8e-3, rtol=8e-3)
+
+
+def test_engine_choice_is_ours_on_cpu_only():
+    from types import SimpleNamespace
+
+    from elr_rl.model.vllm_model import CPU_ATTENTION_KEY, _cpu_attention
+
+    assert _cpu_attention(SimpleNamespace(), "cpu") == "elr"  # the default
+    assert _cpu_attention(SimpleNamespace(**{CPU_ATTENTION_KEY: "vllm"}), "cpu") == "vllm"
+    assert _cpu_attention(SimpleNamespace(**{CPU_ATTENTION_KEY: "elr"}), "cuda") == "vllm"
+    with pytest.raises(ValueError, match="pick one of"):
+        _cpu_attention(SimpleNamespace(**{CPU_ATTENTION_KEY: "fast"}), "cpu")
+
+
+def test_bench_attention_runs_both_kernels_and_compares_them(capsys):
+    import json
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("vllm._custom_ops")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import bench_attention
+
+    threads = torch.get_num_threads()
+    try:
+        assert bench_attention.main(["--rows", "6", "--context", "70", "--threads", "1", "--repeats", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    run = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"][0]
+    assert run["max_abs_diff"] < 8e-3 and run["ours_ms"] > 0 and run["vllm_ms"] > 0

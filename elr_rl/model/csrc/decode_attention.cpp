@@ -92,6 +92,11 @@ void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __re
                 std::vector<float>& scratch) {
   static_assert(D % kChunk == 0, "head_dim must be a multiple of 32");
   constexpr int DH = D / 2;
+  if (seq_len <= 0) {  // nothing to attend to (not a decode row vLLM sends): a zero output, not a read
+    for (int g = 0; g < G; ++g)
+      for (int d = 0; d < D; ++d) out[g * out_head_stride + d] = static_cast<T>(0.0f);
+    return;
+  }
   const int start = window > 0 ? std::max(0, seq_len - window) : 0;
   const int first_chunk = start / kChunk;
   const int n_chunks = (seq_len + kChunk - 1) / kChunk - first_chunk;
