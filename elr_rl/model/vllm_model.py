@@ -141,6 +141,10 @@ class VllmAttentionCore(nn.Module):
         module = cpu_attention.load()
         if module is None:
             return "vllm"  # load() logged why
+        if dtype == torch.bfloat16 and not module.vectorised_bf16():
+            logger.warning("decode attention stays on vLLM's CPU kernel: this CPU has no AVX-512, and our kernel's "
+                           "plain bf16 loops measured slower than vLLM's")
+            return "vllm"
         for attn in self.attn.values():
             attn.impl.forward = self._decode_forward(attn.impl, attn.impl.forward, module)
         return "elr"

@@ -133,3 +133,8 @@ def test_bench_attention_runs_both_kernels_and_compares_them(capsys):
         torch.set_num_threads(threads)
     run = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"][0]
     assert run["max_abs_diff"] < 8e-3 and run["ours_ms"] > 0 and run["vllm_ms"] > 0
+
+
+def test_the_build_says_whether_bf16_is_vectorised():
+    flags = cpu_attention._cpu_flags().split()
+    assert cpu_attention.load().vectorised_bf16() == ("avx512f" in flags)  # built with -march=native
