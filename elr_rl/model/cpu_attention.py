@@ -1,11 +1,14 @@
 """Decode attention for vLLM's CPU backend: our kernel on vLLM's paged KV cache.
 
-In a decode step every sequence brings one query token and reads its whole KV cache. vLLM-CPU's generic
-kernel (the one a CPU without AMX runs) widens each bf16 cache element with a cross-lane instruction before
-its fp32 arithmetic, and at RL-length contexts that widening is what a decode step waits on (a profile of
-a 512-row step at context ~400: 29% of the step in attention for ~9% of its FLOPs). `csrc/decode_attention.cpp`
-reads two bf16 values as one 32-bit word and splits them with a shift and a mask instead, in fp32 arithmetic
-as vLLM's kernel does; `scripts/bench_rollout.py --cpu-attention elr vllm` prints the ratio.
+In a decode step every sequence brings one query token and reads its whole KV cache. On a CPU without AMX,
+vLLM-CPU's generic kernel held that to ~6 GB/s of KV read at RL-length contexts (a profile of a 512-row step
+at context ~400: 29% of the step in attention for ~9% of its FLOPs): its reads wait on memory latency (a
+sequence's blocks sit anywhere in the cache) and it widens every bf16 element with a cross-lane instruction.
+`csrc/decode_attention.cpp` prefetches the next chunk's K and V into L2 while computing the current one, and
+splits two bf16 values read as one 32-bit word with a shift and a mask; the arithmetic is fp32 as in vLLM's.
+`CHOICES` name the engine's options (`EngineOptions.cpu_attention`, `rollout.cpu_attention`);
+`scripts/bench_attention.py` times the two kernels on one cache, `scripts/bench_rollout.py --cpu-attention
+elr vllm` the engine with each.
 
 The kernel is compiled on first use for the machine it runs on (g++, -march=native; cached by PyTorch's
 extension builder under $TORCH_EXTENSIONS_DIR, keyed by the source, the CPU's flags and torch's version).
@@ -30,6 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
+CHOICES = ("elr", "vllm")  # decode attention on CPU: this kernel, or vLLM-CPU's own
 HEAD_DIMS = (32, 64, 128, 256)
 GROUPS = (1, 2, 4, 8)
 
@@ -114,7 +118,7 @@ def reference(query, kv_cache, block_table, seq_lens, scale: float, window: int 
     kv_heads, block_size = kv_cache.shape[1], kv_cache.shape[2]
     group = heads // kv_heads
     view = kv_cache.view(kv_cache.shape[0], kv_heads, 2 * block_size, dim).float()
-    k_t, v = view[:, :, :block_size], view[:, :, block_size:]  # K: [blk, kvh, dim*bs flat]; V: [blk, kvh, bs, dim]
+    k_t, v = view[:, :, :block_size], view[:, :, block_size:]  # K's block_size*dim values; V [blk, kvh, bs, dim]
     k_t = k_t.reshape(kv_cache.shape[0], kv_heads, dim, block_size)
     out = torch.empty(n, heads, dim, dtype=torch.float32)
     for i in range(n):

@@ -52,7 +52,6 @@ CPU_GEMM_KEY = "elr_cpu_gemm"
 CPU_GEMMS = ("onednn", "torch")
 # hf_overrides key: decode attention on CPU, "elr" (our kernel, default) or "vllm" (vLLM-CPU's kernel).
 CPU_ATTENTION_KEY = "elr_cpu_attention"
-CPU_ATTENTIONS = ("elr", "vllm")
 _ENGINE_KEYS = (KV_LOOPS_KEY, CPU_GEMM_KEY, CPU_ATTENTION_KEY)  # engine settings in hf_overrides, not model fields
 
 
@@ -335,9 +334,11 @@ def _cpu_gemm(hf, platform: str, eager: bool) -> str:
 
 def _cpu_attention(hf, platform: str) -> str:
     """Decode attention: our kernel on CPU unless asked otherwise; vLLM's own on other devices."""
+    from elr_rl.model.cpu_attention import CHOICES
+
     choice = str(getattr(hf, CPU_ATTENTION_KEY, None) or "elr")
-    if choice not in CPU_ATTENTIONS:
-        raise ValueError(f"{CPU_ATTENTION_KEY}={choice!r}: pick one of {CPU_ATTENTIONS}")
+    if choice not in CHOICES:
+        raise ValueError(f"{CPU_ATTENTION_KEY}={choice!r}: pick one of {CHOICES}")
     return choice if platform == "cpu" else "vllm"
 
 

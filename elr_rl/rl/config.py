@@ -81,8 +81,10 @@ class RolloutConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             _fail("rollout.gpu_memory_utilization", f"got {self.gpu_memory_utilization}",
                   "use a share of the GPU in (0, 1], e.g. 0.85")
-        if self.cpu_attention not in ("elr", "vllm"):
-            _fail("rollout.cpu_attention", f"got {self.cpu_attention!r}", "use 'elr' (our kernel) or 'vllm'")
+        from elr_rl.model.cpu_attention import CHOICES as ATTENTIONS
+
+        if self.cpu_attention not in ATTENTIONS:
+            _fail("rollout.cpu_attention", f"got {self.cpu_attention!r}", f"use one of {ATTENTIONS} ('elr': our kernel)")
         from elr_rl.model.config import KV_CACHE_MODES
 
         if self.cache_mode not in KV_CACHE_MODES:

@@ -251,8 +251,10 @@ class RolloutEngine:
             raise ValueError(f"options.kv_loops={self.kv_loops} must be in k..max_loops = {self.k}..{self.max_loops}")
         if opts.cpu_gemm not in ("onednn", "torch"):
             raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick 'onednn' or 'torch'")
-        if opts.cpu_attention not in ("elr", "vllm"):
-            raise ValueError(f"options.cpu_attention={opts.cpu_attention!r}: pick 'elr' or 'vllm'")
+        from elr_rl.model.cpu_attention import CHOICES as ATTENTIONS
+
+        if opts.cpu_attention not in ATTENTIONS:
+            raise ValueError(f"options.cpu_attention={opts.cpu_attention!r}: pick one of {ATTENTIONS}")
         if opts.speculative_tokens < 0:
             raise ValueError(f"options.speculative_tokens={opts.speculative_tokens} must be >= 0 (0 = off)")
         if opts.speculative_tokens:

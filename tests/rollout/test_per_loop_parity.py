@@ -201,9 +201,9 @@ def test_cpu_projections_run_on_packed_weights(served):
     assert gemm == "onednn" and packed == linears > 0
 
 
-def _attention_of(worker) -> tuple[str, int]:
+def _layers_of(worker) -> int:
     model = worker.model_runner.get_model()
-    return model.cpu_attention, model.core.decode_kernel_calls, len(model.core.layers_at(model.num_loops))
+    return len(model.core.layers_at(model.num_loops))
 
 
 def test_cpu_decode_steps_run_our_attention_kernel(served):
@@ -212,11 +212,11 @@ def test_cpu_decode_steps_run_our_attention_kernel(served):
     from elr_rl.model import cpu_attention
 
     engine = served["engine"]
-    before = engine.llm.collective_rpc(_attention_of)[0]
+    before = engine.attention_kernel()["calls"]
     engine.generate(PROMPTS[:2], n=2, max_tokens=6, temperature=1.0)
-    kind, calls, layers = engine.llm.collective_rpc(_attention_of)[0]
+    after, layers = engine.attention_kernel(), engine.llm.collective_rpc(_layers_of)[0]
     if engine.platform != "cpu" or cpu_attention.load() is None:
-        assert kind == "vllm" and calls == 0
+        assert after == {"kernel": "vllm", "calls": 0}
         return
-    assert kind == "elr"
-    assert calls - before[1] >= 5 * layers  # 5 decode steps (the prefill samples the first token), every layer
+    assert after["kernel"] == "elr"
+    assert after["calls"] - before >= 5 * layers  # 5 decode steps (the prefill samples the first token), every layer

