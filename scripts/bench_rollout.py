@@ -24,11 +24,15 @@ in this run with the same threads and dtype (the ceiling):
   heads x head_dim x mean context. The prefill's time counts against it.
 - decode MFU, decode time: the same FLOPs (less each sequence's first token, which the prefill
   samples) over the request's time less the time of its prefill alone, measured in the same run as
-  the same request with max_tokens = 1 (serving benchmarks' time per output token).
+  the same request with max_tokens = 1 (serving benchmarks' time per output token); 2 tokens (both
+  left out of the FLOPs) where a group's samples share their prompt's tail (below), so that the first
+  sample still runs when the others copy from it.
 - total MFU: decode and prefill FLOPs (the prompt tokens vLLM computes) over the whole time.
-- the prefill's recompute: the prompt tokens vLLM computes for n samples against the distinct ones
-  (a group's other samples read only whole 32-token KV blocks from the prefix cache and compute the
-  rest), and the prefill's time against that of one sample of each prompt, both timed in this run.
+- the prefill's recompute: the prompt tokens vLLM computes for n samples against the distinct ones,
+  counted by the engine (`RolloutEngine.prefill_counts`): a group's other samples read whole 32-token
+  KV blocks from the prefix cache and copy the partly filled last one from the first sample
+  (`EngineOptions.share_prompt_tail`, elr_rl/rollout/prompt_share.py), computing only their last prompt
+  token; and the prefill's time against that of one sample of each prompt, both timed in this run.
 - stream: --stream requests of --batch prompts each (the request, then others), two at a time in one engine, as a
   rollout worker runs them (rollout.requests_per_worker = 2, the scheduler keeping its next request
   ready): the second request's rows take the slots of the first one's finished rows, and the third is
@@ -242,24 +246,39 @@ def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args, samples: i
     (the prefill alone, from a cold cache too) and then its prompts once each (n = 1, max_tokens = 1)."""
     engine.set_k(k)
     prefill_s = prefill_one_s = None
+    # With prompt-tail sharing a group's other samples start a step after the first, copying from it while it
+    # runs: the prefill is timed with 2 tokens, so that the first is still running then.
+    first_tokens = 2 if engine.shares_prompt_tail() else 1
     if time_prefill:  # the n samples' prefill, then one sample's: what vLLM recomputes per sample, timed
         engine.drop_cached_prefixes()
         start = time.perf_counter()
-        engine.generate(prompts, n=samples, max_tokens=1, temperature=1.0)
+        engine.generate(prompts, n=samples, max_tokens=first_tokens, temperature=1.0)
         prefill_s = time.perf_counter() - start
         engine.drop_cached_prefixes()
         start = time.perf_counter()
         engine.generate(prompts, n=1, max_tokens=1, temperature=1.0)
         prefill_one_s = time.perf_counter() - start
     engine.drop_cached_prefixes()
+    counts = engine.prefill_counts()
     start = time.perf_counter()
     groups = engine.generate(prompts, n=samples, max_tokens=args.new_tokens, temperature=1.0,
                              stop_token_ids=codec.stop_token_ids)
     seconds = time.perf_counter() - start
     lengths = [len(c.token_ids) for g in groups for c in g.completions]
     return {"seconds": seconds, "tokens": sum(lengths), "computed": sum(lengths), "lengths": lengths,
-            "prompt_tokens_computed": sum(prefilled(len(p), samples, engine) for p in prompts),
-            "prefill_seconds": prefill_s, "prefill_one_seconds": prefill_one_s}
+            **prompt_work(engine, counts, prompts, samples),
+            "prefill_seconds": prefill_s, "prefill_one_seconds": prefill_one_s, "first_tokens": first_tokens}
+
+
+def prompt_work(engine, before: dict | None, prompts: list[list[int]], samples: int) -> dict:
+    """Prompt tokens vLLM computed for a request and those a group's other samples copied, counted by the engine
+    since `before` (its prefill_counts()); without those counters, what vLLM's prefix cache leaves (`prefilled`)."""
+    after = engine.prefill_counts()
+    if before is None or after is None:
+        return {"prompt_tokens_computed": sum(prefilled(len(p), samples, engine) for p in prompts),
+                "prompt_tokens_copied": 0}
+    return {"prompt_tokens_computed": after["computed"] - before["computed"],
+            "prompt_tokens_copied": after["copied"] - before["copied"]}
 
 
 def bench_stream(engine, prompts: list[list[int]], codec, k: int, args) -> dict:
@@ -274,6 +293,7 @@ def bench_stream(engine, prompts: list[list[int]], codec, k: int, args) -> dict:
         return engine.submit(request, n=args.samples, max_tokens=args.new_tokens, temperature=1.0,
                              stop_token_ids=codec.stop_token_ids)
 
+    counts = engine.prefill_counts()
     start = time.perf_counter()
     waiting, running, done = list(requests), [], []
     while waiting or running:
@@ -285,7 +305,7 @@ def bench_stream(engine, prompts: list[list[int]], codec, k: int, args) -> dict:
     seconds = time.perf_counter() - start
     lengths = [len(c.token_ids) for t in done for g in engine.collect(t) for c in g.completions]
     return {"seconds": seconds, "tokens": sum(lengths), "computed": sum(lengths), "lengths": lengths,
-            "prompt_tokens_computed": sum(prefilled(len(p), args.samples, engine) for p in prompts)}
+            **prompt_work(engine, counts, prompts, args.samples)}
 
 
 def full_batch_decode(engine, prompts: list[list[int]], k: int, args) -> dict:
@@ -334,13 +354,14 @@ def summarise(run: dict, model, k: int, prompts: list[list[int]], ceiling: float
            "gflops": round(gflops, 2), "mfu": round(gflops / ceiling, 3),
            "total_gflops": round(total, 2), "total_mfu": round(total / ceiling, 3)}
     if run.get("prefill_seconds") is not None:
-        # Each sequence's first token comes from the prefill's logits: the decode steps make the rest.
+        # Each sequence's first token(s) come with the prefill's time: the decode steps make the rest.
         decode_s = seconds - run["prefill_seconds"]
-        decode = per_token * (run["computed"] - n_rows) / decode_s / 1e9
+        decode = per_token * (run["computed"] - run["first_tokens"] * n_rows) / decode_s / 1e9
         out.update(prefill_seconds=round(run["prefill_seconds"], 2), decode_gflops=round(decode, 2),
                    decode_time_mfu=round(decode / ceiling, 3),
                    prefill_one_seconds=round(run["prefill_one_seconds"], 2),
-                   prompt_tokens=sum(map(len, prompts)), prefill_tokens=run["prompt_tokens_computed"])
+                   prompt_tokens=sum(map(len, prompts)), prefill_tokens=run["prompt_tokens_computed"],
+                   prefill_copied=run["prompt_tokens_copied"], prefill_timed_tokens=run["first_tokens"])
     return out
 
 
@@ -448,10 +469,12 @@ def print_table(r: dict, head: dict) -> None:
                   f"{str(s['prefill_seconds']) + ' / ' + str(s['seconds']):>19s}")
     for engine in [name for name in r if name.startswith("vllm_request")]:
         for kk, s in r[engine].items():
+            shared = (f"a group's other samples read whole KV blocks from the prefix cache, copied {s['prefill_copied']:,} "
+                      "tail tokens from the first sample and computed their last token" if s["prefill_copied"] else
+                      "a group's other samples share only whole KV blocks and recompute the rest")
             print(f"prefill {engine} {kk}: {s['prefill_tokens']:,} prompt tokens computed for {s['prompt_tokens']:,} "
-                  f"distinct ({s['prefill_tokens'] / s['prompt_tokens']:.2f}x: a group's other samples share only "
-                  f"whole KV blocks and recompute the rest), {s['prefill_seconds']} s; one sample of each prompt "
-                  f"{s['prefill_one_seconds']} s")
+                  f"distinct ({s['prefill_tokens'] / s['prompt_tokens']:.2f}x: {shared}), {s['prefill_seconds']} s "
+                  f"(to {s['prefill_timed_tokens']} token(s) a sample); one sample of each prompt {s['prefill_one_seconds']} s")
     if "vllm_stream" in r:
         print(f"vLLM on a stream of {head['stream']} requests (this one, then others like it), two in flight at a time "
               f"(continuous batching, as a rollout worker with requests_per_worker 2):")

