@@ -15,8 +15,10 @@ last, which gives its first sample's logits. Tokens of the copied block past the
 own later tokens: a request writes each position before it reads it, so they are never read.
 
 A copy is made only while the source still runs, unpreempted (its block is then untouched at the tail
-positions), from an engine with one KV-cache group (the block id is the same in every layer's cache);
-otherwise the sample computes its tail as before. Nothing runs on the worker side.
+positions) and, with sliding-window layers, while its window still reaches the tail block (that group
+frees blocks that leave it); otherwise the sample computes its tail as before. With several KV-cache
+groups (vLLM's hybrid allocator: full and sliding-window layers) the tail block is copied in each group.
+Nothing runs on the worker side.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 logger = logging.getLogger(__name__)
@@ -44,22 +47,36 @@ def transfer_config() -> dict:
 @dataclass
 class _Source:
     request: Any  # vllm.v1.request.Request of the sample whose blocks hold the prompt
-    block_index: int  # index, in its block table, of the block holding the tail
-    block_id: int | None = None  # known once it is scheduled to compute the whole prompt
+    block_index: int  # index, in its block tables, of the block holding the tail
+    block_ids: tuple[int, ...] | None = None  # that block in each KV-cache group, once scheduled to compute it
     preemptions: int = 0
 
 
-class PromptTailShareConnector(KVConnectorBase_V1):
+class PromptTailShareConnector(KVConnectorBase_V1, SupportsHMA):
+    """Declares hybrid-allocator support so that vLLM keeps its hybrid KV-cache manager on (a connector without
+    it turns the manager off, and sliding-window layers, such as Dory's, would then keep KV for the whole
+    context)."""
+
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.block_size = vllm_config.cache_config.block_size
-        groups = len(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else 1
-        self.enabled = groups == 1
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups] if kv_cache_config is not None else []
+        # Attention groups only, all with the engine's block size: a block index is then the same tokens in
+        # every group. A sliding-window group frees blocks that leave its window: a source is used only while
+        # its window still starts at or before the tail block (`_usable`).
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+        windows = [spec.sliding_window for spec in specs if getattr(spec, "sliding_window", None)]
+        self.window = min(windows) if windows else None
+        self.enabled = all(
+            isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)) and spec.block_size == self.block_size
+            and not getattr(spec, "attention_chunk_size", None) for spec in specs)
         if not self.enabled:
-            logger.warning("prompt-tail sharing is off: %d KV-cache groups (one is needed)", groups)
+            logger.warning("prompt-tail sharing is off: KV-cache groups %s (full or sliding-window attention with "
+                           "blocks of %d tokens are needed)", [type(s).__name__ for s in specs], self.block_size)
         self._sources: dict[tuple, _Source] = {}
         self._by_request: dict[str, tuple] = {}  # source request id -> its key
-        self._grants: dict[str, tuple[int, int]] = {}  # request id -> (source block id, block index)
+        self._grants: dict[str, tuple[tuple[int, ...], int]] = {}  # request id -> (source blocks, block index)
         self._seen: set[str] = set()
         # Prompt tokens of each request at its first scheduling: total, read from whole cached blocks,
         # copied from a source, computed (RolloutEngine.prefill_counts()).
@@ -84,12 +101,12 @@ class PromptTailShareConnector(KVConnectorBase_V1):
             return 0, False
         key = self._key(request)
         source = self._sources.get(key)
-        if source is not None and source.request is not request and source.block_id is not None:
+        if source is not None and source.request is not request and source.block_ids is not None:
             if not self._usable(source):
                 self._forget(key)
                 source = None
             elif num_computed_tokens == start:  # the cache holds every whole block before the tail
-                self._grants[request.request_id] = (source.block_id, source.block_index)
+                self._grants[request.request_id] = (source.block_ids, source.block_index)
                 return tail, False
             else:
                 return 0, False
@@ -107,8 +124,9 @@ class PromptTailShareConnector(KVConnectorBase_V1):
         from vllm.v1.request import RequestStatus
 
         req = source.request
+        in_window = self.window is None or req.num_computed_tokens - self.window <= source.block_index * self.block_size
         return (req.status == RequestStatus.RUNNING and getattr(req, "num_preemptions", 0) == source.preemptions
-                and req.num_computed_tokens >= req.num_prompt_tokens - 1)
+                and req.num_computed_tokens >= req.num_prompt_tokens - 1 and in_window)
 
     def _forget(self, key: tuple) -> None:
         source = self._sources.pop(key, None)
@@ -128,18 +146,18 @@ class PromptTailShareConnector(KVConnectorBase_V1):
                 self._seen.add(rid)
                 self._count(new)
             grant = self._grants.pop(rid, None)
-            if grant is not None:
-                src, index = grant
-                copies.append((src, new.block_ids[0][index]))
+            if grant is not None:  # one copy per KV-cache group: the model runner applies each to every layer's
+                sources, index = grant  # cache, and a block id belongs to one group (one block pool)
+                copies.extend(zip(sources, (ids[index] for ids in new.block_ids)))
             key = self._by_request.get(rid)
             source = self._sources.get(key) if key is not None else None
-            if source is not None and source.block_id is None:
+            if source is not None and source.block_ids is None:
                 if new.num_computed_tokens + scheduled.get(rid, 0) >= len(new.prompt_token_ids) - 1:
-                    source.block_id = new.block_ids[0][source.block_index]
+                    source.block_ids = tuple(ids[source.block_index] for ids in new.block_ids)
                 else:  # a chunked prefill: its tail is not computed in this step; another sample may lead
                     self._forget(key)
         # Sources registered in this step that were not scheduled (no budget, no blocks) give way.
-        for key in [k for k, s in self._sources.items() if s.block_id is None]:
+        for key in [k for k, s in self._sources.items() if s.block_ids is None]:
             self._forget(key)
         self._grants.clear()
         if copies:
@@ -158,6 +176,9 @@ class PromptTailShareConnector(KVConnectorBase_V1):
         self.counts["copied"] += copied
         self.counts["prefix_cache"] += new.num_computed_tokens - copied
         self.counts["computed"] += length - new.num_computed_tokens
+
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, block_ids)
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         key = self._by_request.get(request.request_id)

@@ -6,10 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 pytest.importorskip("vllm")
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from elr_rl.rollout.prompt_share import PromptTailShareConnector  # noqa: E402
@@ -17,10 +19,15 @@ from elr_rl.rollout.prompt_share import PromptTailShareConnector  # noqa: E402
 BLOCK = 32
 
 
-def connector(groups: int = 1) -> PromptTailShareConnector:
+def spec(window: int | None = None, block: int = BLOCK):
+    shape = {"block_size": block, "num_kv_heads": 1, "head_size": 8, "dtype": torch.float32}
+    return SlidingWindowSpec(**shape, sliding_window=window) if window else FullAttentionSpec(**shape)
+
+
+def connector(*specs) -> PromptTailShareConnector:
     config = SimpleNamespace(cache_config=SimpleNamespace(block_size=BLOCK), kv_transfer_config=object())
-    return PromptTailShareConnector(config, KVConnectorRole.SCHEDULER,
-                                    SimpleNamespace(kv_cache_groups=[object()] * groups))
+    groups = [SimpleNamespace(kv_cache_spec=s) for s in specs or [spec()]]
+    return PromptTailShareConnector(config, KVConnectorRole.SCHEDULER, SimpleNamespace(kv_cache_groups=groups))
 
 
 def request(rid: str, prompt: list[int]) -> SimpleNamespace:
@@ -32,8 +39,12 @@ def request(rid: str, prompt: list[int]) -> SimpleNamespace:
 def step(conn, scheduled: list, blocks: dict) -> list[tuple[int, int]]:
     """One scheduler output: `scheduled` [(request, tokens)], `blocks` {request id: block ids}; the step
     then 'runs' (computed tokens advance, requests run). Returns the block copies it carries."""
-    new = [SimpleNamespace(req_id=r.request_id, prompt_token_ids=r.prompt_token_ids, block_ids=(blocks[r.request_id],),
-                           num_computed_tokens=r.num_computed_tokens) for r, _ in scheduled]
+    def tables(ids):  # one table per group: a list, or a tuple of lists
+        return tuple(ids) if isinstance(ids, tuple) else (ids,)
+
+    new = [SimpleNamespace(req_id=r.request_id, prompt_token_ids=r.prompt_token_ids,
+                           block_ids=tables(blocks[r.request_id]), num_computed_tokens=r.num_computed_tokens)
+           for r, _ in scheduled]
     out = SimpleNamespace(scheduled_new_reqs=new, num_scheduled_tokens={r.request_id: n for r, n in scheduled},
                           kv_cache_block_copies=None)
     conn.build_connector_meta(out)
@@ -100,8 +111,21 @@ def test_nothing_to_share():
     other.cache_salt = "salted"
     conn.get_num_new_matched_tokens(request("a", PROMPT), 0)
     assert conn.get_num_new_matched_tokens(other, 64) == (0, False)  # another key: its own source
-    hybrid = connector(groups=2)  # block ids differ between KV-cache groups: never copies
-    assert not hybrid.enabled and hybrid.get_num_new_matched_tokens(request("h", PROMPT), 0) == (0, False)
+    other_blocks = connector(spec(), spec(block=64))  # a block index would be other tokens in one group
+    assert not other_blocks.enabled
+    assert other_blocks.get_num_new_matched_tokens(request("h", PROMPT), 0) == (0, False)
+
+
+def test_every_group_copies_its_own_block_and_a_window_must_still_hold_it():
+    conn = connector(spec(window=40), spec())  # vLLM's hybrid allocator: sliding-window and full groups
+    a, b, c = (request(x, PROMPT) for x in "abc")
+    conn.get_num_new_matched_tokens(a, 0)
+    step(conn, [(a, 70)], {"a": ([0, 2, 3], [4, 5, 6])})
+    assert conn.get_num_new_matched_tokens(b, 64) == (5, False)
+    b.num_computed_tokens = 69
+    assert step(conn, [(b, 1)], {"b": ([0, 2, 7], [4, 5, 8])}) == [(3, 7), (6, 8)]
+    a.num_computed_tokens = 105  # its window (40 tokens) now starts past the tail block (64): may be freed
+    assert conn.get_num_new_matched_tokens(c, 64) == (0, False)
 
 
 def test_reset_cache_forgets_every_source():
