@@ -89,6 +89,39 @@ struct Split<float> {
   static constexpr int index(int i, int half) { return i + half * kHalf; }
 };
 
+// Scores [chunk][g][32] (score i of half h is token `order(i, h)` of its chunk) -> probabilities in place,
+// tokens outside [start, seq_len) of the first and last chunks masked out; inv_sum[g] = 1 / sum of g's.
+template <int G, typename Order>
+void softmax(float* sc, int n_chunks, int first_chunk, int start, int seq_len, Order order, float* inv_sum) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int c : {0, n_chunks - 1}) {
+    const int base = (first_chunk + c) * kChunk;
+    for (int g = 0; g < G; ++g)
+      for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < kHalf; ++i) {
+          const int t = base + order(i, half);
+          if (t < start || t >= seq_len) sc[(static_cast<size_t>(c) * G + g) * kChunk + half * kHalf + i] = neg_inf;
+        }
+  }
+  for (int g = 0; g < G; ++g) {
+    float m = neg_inf;
+    for (int c = 0; c < n_chunks; ++c) {
+      const float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
+      for (int i = 0; i < kChunk; ++i) m = std::max(m, row[i]);
+    }
+    float sum = 0.0f;
+    for (int c = 0; c < n_chunks; ++c) {
+      float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
+      for (int i = 0; i < kChunk; ++i) {
+        const float p = row[i] == neg_inf ? 0.0f : exp_nonpositive(row[i] - m);
+        row[i] = p;
+        sum += p;
+      }
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
+}
+
 template <typename T, int D, int G>
 void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __restrict__ cache,
                 int64_t block_stride, int64_t head_stride, const int32_t* __restrict__ blocks, int block_size,
@@ -161,34 +194,9 @@ void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __re
   }
 
   // Mask the first and last chunks' tokens outside [start, seq_len), then the softmax.
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int c : {0, n_chunks - 1}) {
-    const int base = (first_chunk + c) * kChunk;
-    for (int g = 0; g < G; ++g)
-      for (int half = 0; half < 2; ++half)
-        for (int i = 0; i < kHalf; ++i) {
-          const int t = base + Split<T>::index(i, half);
-          if (t < start || t >= seq_len) sc[(static_cast<size_t>(c) * G + g) * kChunk + half * kHalf + i] = neg_inf;
-        }
-  }
   float inv_sum[G];
-  for (int g = 0; g < G; ++g) {
-    float m = neg_inf;
-    for (int c = 0; c < n_chunks; ++c) {
-      const float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
-      for (int i = 0; i < kChunk; ++i) m = std::max(m, row[i]);
-    }
-    float sum = 0.0f;
-    for (int c = 0; c < n_chunks; ++c) {
-      float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
-      for (int i = 0; i < kChunk; ++i) {
-        const float p = row[i] == neg_inf ? 0.0f : exp_nonpositive(row[i] - m);
-        row[i] = p;
-        sum += p;
-      }
-    }
-    inv_sum[g] = 1.0f / sum;
-  }
+  softmax<G>(sc, n_chunks, first_chunk, start, seq_len, [](int i, int half) { return Split<T>::index(i, half); },
+             inv_sum);
 
   // Output: o[g] = sum_t p[g][t] V[t], V rows split into two halves of channels.
   alignas(64) float o_lo[G][DH] = {}, o_hi[G][DH] = {};
@@ -378,34 +386,8 @@ void attend_bf16(const at::BFloat16* __restrict__ q_in, int64_t q_head_stride, c
   }
 
   // Mask the first and last chunks' tokens outside [start, seq_len), then the softmax.
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int c : {0, n_chunks - 1}) {
-    const int base = (first_chunk + c) * kChunk;
-    for (int g = 0; g < G; ++g)
-      for (int half = 0; half < 2; ++half)
-        for (int i = 0; i < kHalf; ++i) {
-          const int t = base + order(i, half);
-          if (t < start || t >= seq_len) sc[(static_cast<size_t>(c) * G + g) * kChunk + half * kHalf + i] = neg_inf;
-        }
-  }
   float inv_sum[G];
-  for (int g = 0; g < G; ++g) {
-    float m = neg_inf;
-    for (int c = 0; c < n_chunks; ++c) {
-      const float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
-      for (int i = 0; i < kChunk; ++i) m = std::max(m, row[i]);
-    }
-    float sum = 0.0f;
-    for (int c = 0; c < n_chunks; ++c) {
-      float* row = sc + (static_cast<size_t>(c) * G + g) * kChunk;
-      for (int i = 0; i < kChunk; ++i) {
-        const float p = row[i] == neg_inf ? 0.0f : exp_nonpositive(row[i] - m);
-        row[i] = p;
-        sum += p;
-      }
-    }
-    inv_sum[g] = 1.0f / sum;
-  }
+  softmax<G>(sc, n_chunks, first_chunk, start, seq_len, order, inv_sum);
 
   // Outputs in registers: o[g] = sum_t p[g][t] V[t], each V row split into even and odd channels.
   __m512 o_lo[G][P], o_hi[G][P];
