@@ -356,12 +356,13 @@ def summarise(run: dict, model, k: int, prompts: list[list[int]], ceiling: float
     if run.get("prefill_seconds") is not None:
         # Each sequence's first token(s) come with the prefill's time: the decode steps make the rest.
         decode_s = seconds - run["prefill_seconds"]
-        decode = per_token * (run["computed"] - run["first_tokens"] * n_rows) / decode_s / 1e9
+        first = run.get("first_tokens", 1)
+        decode = per_token * (run["computed"] - first * n_rows) / decode_s / 1e9
         out.update(prefill_seconds=round(run["prefill_seconds"], 2), decode_gflops=round(decode, 2),
                    decode_time_mfu=round(decode / ceiling, 3),
                    prefill_one_seconds=round(run["prefill_one_seconds"], 2),
                    prompt_tokens=sum(map(len, prompts)), prefill_tokens=run["prompt_tokens_computed"],
-                   prefill_copied=run["prompt_tokens_copied"], prefill_timed_tokens=run["first_tokens"])
+                   prefill_copied=run.get("prompt_tokens_copied", 0), prefill_timed_tokens=first)
     return out
 
 

@@ -38,6 +38,12 @@ def test_decode_time_mfu_takes_the_prefill_time_and_first_tokens_out(model):
     assert s["capped"] == 2 and s["max_len"] == 64 and s["waste"] == 0.0
     # the prefill's recompute: prompt tokens computed against the distinct ones, and its one-sample time
     assert (s["prefill_tokens"], s["prompt_tokens"], s["prefill_one_seconds"]) == (120, 80, 0.0)
+    assert (s["prefill_copied"], s["prefill_timed_tokens"]) == (0, 1)
+    # with prompt-tail sharing the prefill is timed to each sequence's second token: both leave the decode FLOPs
+    shared = bench_rollout.summarise({**run, "first_tokens": 2, "prompt_tokens_copied": 30}, model, 2, prompts,
+                                     ceiling=ceiling)
+    assert shared["decode_gflops"] == pytest.approx(per_token * 160 / 8e-6 / 1e9, rel=1e-3)
+    assert (shared["prefill_copied"], shared["prefill_timed_tokens"]) == (30, 2)
 
 
 def test_prefilled_counts_each_other_sample_s_partial_last_block():
@@ -54,6 +60,15 @@ def test_prefilled_counts_each_other_sample_s_partial_last_block():
     assert bench_rollout.prefilled(64, 4, engine(32)) == 64 + 3 * 32
     assert bench_rollout.prefilled(70, 1, engine(32)) == 70
     assert bench_rollout.prefilled(70, 16, engine(32, caching=False)) == 16 * 70
+
+    # with the engine's counters (prompt-tail sharing): what it counted over the request, not the formula
+    counting = engine(32)
+    counting.prefill_counts = lambda: {"computed": 175, "copied": 85}
+    assert bench_rollout.prompt_work(counting, {"computed": 100, "copied": 10}, [[1] * 70], 16) == {
+        "prompt_tokens_computed": 75, "prompt_tokens_copied": 75}
+    counting.prefill_counts = lambda: None  # sharing off: the formula, nothing copied
+    assert bench_rollout.prompt_work(counting, None, [[1] * 70], 16) == {
+        "prompt_tokens_computed": 70 + 15 * 6, "prompt_tokens_copied": 0}
 
 
 def test_a_run_without_its_prefill_timed_has_no_decode_time_column(model):
