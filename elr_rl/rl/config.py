@@ -49,7 +49,7 @@ class RolloutConfig:
     learner shares the GPU (num_gpus_per_worker below 1)."""
     cpu_attention: str = "elr"
     """CPU only: decode steps' attention: "elr" (our kernel on vLLM's paged KV cache, compiled for the machine
-    on first use; 1.9x vLLM-CPU's kernel on a 512-sequence step at context ~400: elr_rl/model/cpu_attention.py)
+    on first use; 2.2x vLLM-CPU's kernel on a 512-sequence step at context ~400: elr_rl/model/cpu_attention.py)
     or "vllm" (vLLM-CPU's own). Where ours cannot be built, vLLM's runs and the worker's log says why."""
     share_prompt_tail: bool = True
     """per_loop mode: a prompt's other samples copy its partly filled last KV block from the first sample instead

@@ -95,7 +95,7 @@ class EngineOptions:
     1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC) or "torch" (F.linear)."""
     cpu_attention: str = "elr"
     """CPU only: decode steps' attention: "elr" (`elr_rl.model.cpu_attention`, our kernel on vLLM's paged
-    cache, compiled for the machine on first use; 1.9x vLLM-CPU's kernel on a 512-sequence step at context
+    cache, compiled for the machine on first use; 2.2x vLLM-CPU's kernel on a 512-sequence step at context
     ~400, bf16, one thread) or "vllm" (vLLM-CPU's own). Prefill and mixed steps run vLLM's either way; where
     the kernel cannot be built or does not cover a layer, vLLM's runs and the reason is logged."""
     share_prompt_tail: bool = True

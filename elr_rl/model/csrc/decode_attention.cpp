@@ -160,7 +160,8 @@ void attend_one(const T* __restrict__ q_in, int64_t q_head_stride, const T* __re
   // run ahead and a decode step waits on memory latency (about 6 GB/s on one core of the machine these
   // notes come from, where streaming reads reach 20). While computing a chunk's scores, fetch the next
   // chunk's K and V, a line or two per channel, into L2 (locality 2): 1.9x vLLM's kernel on a 512-sequence
-  // step at context ~400 (bf16, one thread), where fetching into L1 gave 1.25x and not fetching 1.0x.
+  // step at context ~400 (bf16, one thread, when bf16 ran this path; it now runs attend_bf16's two streams),
+  // where fetching into L1 gave 1.25x and not fetching 1.0x.
   auto prefetch_next = [&](const char* k_next, const char* v_next, int d) {
     constexpr int64_t k_row = kChunk * sizeof(T), v_lines_per_channel = kChunk * sizeof(T) / 64;
     for (int64_t b = 0; b < k_row; b += 64) __builtin_prefetch(k_next + d * block_size * sizeof(T) + b, 0, 2);
