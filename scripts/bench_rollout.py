@@ -46,7 +46,8 @@ CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
 On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights (`EngineOptions.cpu_gemm`);
 --cpu-gemm onednn torch also runs the engine with torch's F.linear and prints the ratio. Decode steps' attention
 runs our kernel (`EngineOptions.cpu_attention`, elr_rl/model/cpu_attention.py); --cpu-attention elr vllm also
-runs the request with vLLM-CPU's own attention kernel and prints the ratio.
+runs the request with vLLM-CPU's own attention kernel and prints the ratio. The engine backs its KV cache and
+parameters with 2 MiB pages (`EngineOptions.huge_pages`); --huge-pages on off also runs the request without.
 
 Prints a table per thread count, then one line of JSON. Timings on a shared machine are noisy.
 """
@@ -89,6 +90,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cpu-attention", nargs="+", default=["elr"], choices=["elr", "vllm"],
                    help="vLLM on CPU: decode attention (our kernel, or vLLM-CPU's); the first is the one every "
                         "other row uses, each other adds rows `vllm_request-attn-<kernel>` and a ratio")
+    p.add_argument("--huge-pages", nargs="+", default=["on"], choices=["on", "off"],
+                   help="vLLM on CPU: back the KV cache and parameters with 2 MiB pages (EngineOptions.huge_pages); "
+                        "the first is the one every other row uses, each other adds `vllm_request-pages-<x>` and a ratio")
     p.add_argument("--stream", type=int, default=3,
                    help="requests in the stream measure, two in flight at a time (0: skip it)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
@@ -380,14 +384,22 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         for k in args.ks:
             raw["pytorch"][k] = bench_pytorch(model, few, codec, k, args, args.compare_samples)
             rates.append(matmul_gflops(getattr(torch, dtype)))
-    gemm0, attn0 = args.cpu_gemm[0], args.cpu_attention[0]
-    variants = [("vllm_request", gemm0, attn0)] + [(f"vllm_request-{g}", g, attn0) for g in args.cpu_gemm[1:]] + [
-        (f"vllm_request-attn-{a}", gemm0, a) for a in args.cpu_attention[1:]]
-    for i, (name, gemm, attention) in enumerate(variants):
+    base = {"cpu_gemm": args.cpu_gemm[0], "cpu_attention": args.cpu_attention[0],
+            "huge_pages": args.huge_pages[0] == "on"}
+    # (row name, ratio key, options that differ from base): the first engine runs every measure, each other
+    # one the request only, for the ratio of the first over it
+    variants = [("vllm_request", None, {})] + [
+        (f"vllm_request-{g}", f"ratio_{args.cpu_gemm[0]}_over_{g}", {"cpu_gemm": g}) for g in args.cpu_gemm[1:]] + [
+        (f"vllm_request-attn-{a}", f"ratio_attn_{args.cpu_attention[0]}_over_{a}", {"cpu_attention": a})
+        for a in args.cpu_attention[1:]] + [
+        (f"vllm_request-pages-{h}", f"ratio_pages_{args.huge_pages[0]}_over_{h}", {"huge_pages": h == "on"})
+        for h in args.huge_pages[1:]]
+    pages: dict = {}
+    for i, (name, _, changed) in enumerate(variants):
         raw.setdefault(name, {})
         opts = EngineOptions(max_model_len=max(len(p) for p in prompts) + args.new_tokens,
                              max_num_seqs=len(request) * args.samples, cpu_threads=threads,
-                             block_size=args.block_size, cpu_gemm=gemm, cpu_attention=attention)
+                             block_size=args.block_size, **{**base, **changed})
         engine = RolloutEngine(ckpt, k=1, cache_mode="per_loop", dtype=dtype, options=opts)
         try:
             bench_vllm(engine, prompts[:4], codec, 1, args, 4)  # warm-up
@@ -401,6 +413,8 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
                         raw["vllm_stream"][k] = bench_stream(engine, stream, codec, k, args)
             kv = {f"k{k}": engine.kv_bytes_per_token(k) for k in args.ks}
             kernels[name] = engine.attention_kernel()["kernel"]  # what ran: "elr" falls back where it cannot build
+            report = engine.huge_pages_report  # None: not asked (off, or not CPU)
+            pages[name] = round(report["collapsed_bytes"] / 2**20) if report else 0
         finally:
             engine.shutdown()
         torch.set_num_threads(threads)
@@ -408,7 +422,7 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
     ceiling = max(rates)
     res: dict = {"threads": threads, "ceiling_gflops": round(ceiling, 2),
                  "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv,
-                 "attention_kernel": kernels}
+                 "attention_kernel": kernels, "huge_page_mib": pages}
     for name, runs in raw.items():
         rows = few if name in ("pytorch", "vllm") else stream if name == "vllm_stream" else request
         res[name] = {f"k{k}": summarise({**run, "cap": args.new_tokens}, model, k, rows, ceiling)
@@ -424,9 +438,8 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
             for kk, s in res["vllm_stream"].items()}
     res["ratio_vllm_over_pytorch"] = {
         kk: round(res["vllm"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2) for kk in res["vllm"]}
-    for name, gemm, attention in variants[1:]:  # the first engine over each other one, same request, same run
+    for name, key, _ in variants[1:]:  # the first engine over each other one, same request, same run
         other = res[name]
-        key = f"ratio_{gemm0}_over_{gemm}" if gemm != gemm0 else f"ratio_attn_{attn0}_over_{attention}"
         res[key] = {kk: round(res["vllm_request"][kk]["tokens_per_s"] / other[kk]["tokens_per_s"], 2) for kk in other}
     # The goal: ahead by at least the plain decoder's waste, computed / useful tokens.
     res["plain_waste_factor"] = {kk: round(1 / (1 - res["pytorch"][kk]["waste"]), 2) for kk in res["pytorch"]}
@@ -444,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                         "batch": args.batch, "samples": args.samples, "compare_prompts": args.compare_prompts,
                         "compare_samples": args.compare_samples,
                         "block_size": args.block_size, "cpu_gemm": args.cpu_gemm,
-                        "cpu_attention": args.cpu_attention,
+                        "cpu_attention": args.cpu_attention, "huge_pages": args.huge_pages,
                         "new_tokens_cap": args.new_tokens, "stream": args.stream,
                         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "runs": []}
         for threads in args.threads:
@@ -460,7 +473,9 @@ def print_table(r: dict, head: dict) -> None:
           f"{head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, cap {head['new_tokens_cap']}; "
           f"{r['threads']} thread(s), matmul ceiling {r['ceiling_gflops']} GFLOP/s")
     print(f"vLLM on the request ({head['batch']} prompts x {head['samples']} samples = {rows} sequences); "
-          "decode attention that ran: " + ", ".join(f"{n} {k}" for n, k in r["attention_kernel"].items()))
+          "decode attention that ran: " + ", ".join(f"{n} {k}" for n, k in r["attention_kernel"].items()) +
+          "; KV cache and parameters on huge pages: " + ", ".join(
+              f"{n} {m:,} MiB" for n, m in r.get("huge_page_mib", {}).items()))
     print(f"{'':26s}{'useful tok/s':>13s}{'mean/max len':>14s}{'capped':>8s}{'decode MFU':>12s}"
           f"{'decode-time MFU':>17s}{'total MFU':>11s}{'prefill s / all s':>19s}")
     for engine in [name for name in r if name.startswith("vllm_request")]:
@@ -500,6 +515,8 @@ def print_table(r: dict, head: dict) -> None:
         what = "matmuls"
         if first.startswith("attn_"):
             first, what = first[len("attn_"):], "decode attention"
+        elif first.startswith("pages_"):
+            first, what = first[len("pages_"):], "huge pages"
         print(f"vLLM with {first} / with {other} {what}: " + ", ".join(f"{kk} {v}x" for kk, v in r[key].items()))
 
 

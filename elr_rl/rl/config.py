@@ -51,6 +51,9 @@ class RolloutConfig:
     """CPU only: decode steps' attention: "elr" (our kernel on vLLM's paged KV cache, compiled for the machine
     on first use; 2.2x vLLM-CPU's kernel on a 512-sequence step at context ~400: elr_rl/model/cpu_attention.py)
     or "vllm" (vLLM-CPU's own). Where ours cannot be built, vLLM's runs and the worker's log says why."""
+    huge_pages: bool = True
+    """CPU only: back the engine's KV cache and parameters with 2 MiB pages once it is built (Linux, best effort:
+    elr_rl/model/huge_pages.py); a decode step reads KV blocks scattered over gigabytes."""
     share_prompt_tail: bool = True
     """per_loop mode: a prompt's other samples copy its partly filled last KV block from the first sample instead
     of recomputing it (vLLM's prefix cache shares whole blocks only; elr_rl/rollout/prompt_share.py). They start

