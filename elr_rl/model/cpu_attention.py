@@ -35,6 +35,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
+# One extension: decode attention, and the one-pass RMSNorm and rotary of `cpu_elementwise`.
+SOURCES = (SOURCE, Path(__file__).parent / "csrc" / "elementwise.cpp")
 CHOICES = ("elr", "vllm")  # decode attention on CPU: this kernel, or vLLM-CPU's own
 HEAD_DIMS = (32, 64, 128, 256)
 GROUPS = (1, 2, 4, 8)
@@ -57,7 +59,7 @@ def _cpu_flags() -> str:
 def build_name() -> str:
     """The extension's name: changes with the source, the CPU's flags (-march=native) and torch's version."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), _cpu_flags().encode(), torch.__version__.encode()):
+    for part in (*(f.read_bytes() for f in SOURCES), _cpu_flags().encode(), torch.__version__.encode()):
         h.update(part)
     return f"elr_decode_attention_{h.hexdigest()[:16]}"
 
@@ -71,10 +73,11 @@ def load():
         try:
             from torch.utils.cpp_extension import load as build
 
+            _clear_stale_lock(build_name())
             logger.info("compiling the decode-attention kernel for this CPU (once; cached by torch's extension builder)")
             _module = build(
                 name=build_name(),
-                sources=[str(SOURCE)],
+                sources=[str(f) for f in SOURCES],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
@@ -83,6 +86,25 @@ def load():
             _error = f"{type(exc).__name__}: {exc}"
             logger.warning("elr decode attention unavailable, vLLM's CPU kernel runs instead: %s", _error)
         return _module
+
+
+STALE_LOCK_SECONDS = 600  # a build takes about a minute here
+
+
+def _clear_stale_lock(name: str) -> None:
+    """Remove a build lock left by a process killed while compiling: torch's builder would wait on it forever."""
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        logger.warning("removing a stale build lock %s (%.0f s old: a build was interrupted)", lock, age)
+        lock.unlink(missing_ok=True)
 
 
 def load_error() -> str | None:

@@ -219,6 +219,13 @@ class LoopedVllmForCausalLM(nn.Module):
         if _cpu_attention(hf, current_platform.device_type) == "elr":
             self.cpu_attention = self.core.use_decode_kernel(vllm_config.cache_config.block_size,
                                                              vllm_config.model_config.dtype)
+        # CPU, bf16, eager: RMSNorm and rotary run one-pass kernels with PyTorch's roundings (cpu_elementwise)
+        self.fused_elementwise = 0
+        if (current_platform.device_type == "cpu" and vllm_config.model_config.dtype == torch.bfloat16
+                and vllm_config.model_config.enforce_eager):
+            from elr_rl.model import cpu_elementwise
+
+            self.fused_elementwise = cpu_elementwise.fuse(self.backbone)
         if spec.kv_cache_mode == "last_loop":
             _warn_unsafe_last_loop(vllm_config)
 

@@ -138,3 +138,22 @@ def test_bench_attention_runs_both_kernels_and_compares_them(capsys):
 def test_the_build_says_whether_bf16_is_vectorised():
     flags = cpu_attention._cpu_flags().split()
     assert cpu_attention.load().vectorised_bf16() == ("avx512f" in flags)  # built with -march=native
+
+
+def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    """A build killed half way leaves torch's lock file behind, and the next build would wait on it forever."""
+    import os
+    import time
+    from pathlib import Path
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory("elr_lock_test", verbose=False)) / "lock"
+    lock.write_text("")
+    cpu_attention._clear_stale_lock("elr_lock_test")
+    assert lock.exists()  # a build may be running now
+    old = time.time() - cpu_attention.STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    cpu_attention._clear_stale_lock("elr_lock_test")
+    assert not lock.exists()

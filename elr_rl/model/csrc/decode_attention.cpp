@@ -568,7 +568,13 @@ bool vectorised_bf16() {
 #endif
 }
 
+// csrc/elementwise.cpp, built into the same module (elr_rl/model/cpu_elementwise.py).
+torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor rotary_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t rot);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "decode attention over a paged KV cache (vLLM-CPU layout)");
+  m.def("rms_norm_bf16", &rms_norm_bf16, "the model's RMSNorm on bf16 in one pass (same roundings)");
+  m.def("rotary_bf16", &rotary_bf16, "the model's neox rotary embedding on bf16 [T, H, D] in one pass");
   m.def("vectorised_bf16", &vectorised_bf16, "whether bf16 caches run the AVX-512 path");
 }
