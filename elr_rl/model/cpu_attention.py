@@ -12,8 +12,10 @@ the CPU has AVX512-BF16). 2.2x vLLM-CPU's kernel on a 512-sequence step at conte
 `scripts/bench_attention.py` times the two kernels on one cache, `scripts/bench_rollout.py --cpu-attention
 elr vllm` the engine with each.
 
-The kernel is compiled on first use for the machine it runs on (g++, -march=native; cached by PyTorch's
-extension builder under $TORCH_EXTENSIONS_DIR, keyed by the source, the CPU's flags and torch's version).
+The same extension holds `csrc/elementwise.cpp`, the one-pass RMSNorm and rotary kernels of
+`cpu_elementwise`. It is compiled on first use for the machine it runs on (g++, -march=native; cached by
+PyTorch's extension builder under $TORCH_EXTENSIONS_DIR, keyed by the sources, the CPU's flags and torch's
+version; a lock left by a build that was killed is cleared after STALE_LOCK_SECONDS).
 Where it cannot be built, `load()` says why and vLLM's own kernel runs. It covers decode-only batches
 (one query token per sequence) with bf16 or fp32 caches, head_dim 32/64/128/256, 1/2/4/8 query heads per
 KV head, block sizes that are multiples of 32, and an optional sliding window; anything else (prefill,
