@@ -156,6 +156,8 @@ class Driver:
         self.depth = config_from_dict(config).loop_spec().effective_depth  # D_eff(k): a sample's cost is tokens x D_eff
         resume = latest_checkpoint(self.run_dir) if c.run.resume else None
         self.state = RunState.load(resume) if resume else None
+        # a resumed run that has no step left to take still ends on a checkpoint: the one it resumed from
+        self.last_checkpoint = str(resume) if resume else None
         seeds = range(c.envs.seed_offset, c.envs.seed_offset + c.envs.num_seeds)
         pool = [Prompt(*key) for key in pool_keys(c.envs.names, c.envs.difficulties, seeds)]
         # The RL checkpoint carries the curriculum state: never pick up a newer state.json of a killed run.

@@ -196,6 +196,7 @@ def test_killed_driver_resumes_from_its_checkpoint(toy_checkpoint, ray_cluster, 
     restarted = _kill_a_worker_right_after_start(driver)
     summary = driver.run()
     assert summary["resumed_from_step"] == 2 and summary["step"] == 6
+    assert Path(summary["final_checkpoint"]).name == "step_0000006"
     # the worker died before the first new step; its successor served the resumed checkpoint's weights
     assert summary["restarted_workers"] >= 1 and restarted, "the worker was never restarted"
     version, theirs = restarted[0]
