@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 import sys
 import time
@@ -73,8 +74,9 @@ def aligned_span(start: int, nbytes: int, page: int = HUGE_PAGE) -> tuple[int, i
     return first, max(0, end - first)
 
 
+@functools.lru_cache(maxsize=1)
 def supported() -> bool:
-    """Linux, and THP not switched off for the system."""
+    """Linux, and THP not switched off for the system (read once per process)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
