@@ -21,8 +21,10 @@ Where it cannot be built, `load()` says why and vLLM's own kernel runs. It cover
 KV head, block sizes that are multiples of 32, and an optional sliding window; anything else (prefill,
 chunked prefill, mixed batches) runs vLLM's kernel. bf16 caches take an AVX-512 path; built without AVX-512
 the kernel computes bf16 in plain loops, correct but slower than vLLM's (a -march=haswell build of it: 58 ms
-for a 512-row step at context 400 against 36 ms for vLLM's kernel here), so the engine keeps vLLM's there;
-fp32 in plain loops matched vLLM's (55 ms). `reference` is the same computation in PyTorch, for tests.
+for a 512-row step at context 400 against 36 ms for vLLM's kernel here), so the engine keeps vLLM's there.
+fp32 caches (the dtype picked on AVX2-only CPUs, where bf16 matrix products are slow) take an AVX2 path:
+prefetch streams, 8-wide arithmetic and a vectorised softmax (`vectorised_f32()` says whether it was built);
+without AVX2 they run plain loops. `reference` is the same computation in PyTorch, for tests.
 """
 
 from __future__ import annotations

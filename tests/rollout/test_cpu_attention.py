@@ -94,8 +94,9 @@ def test_kernel_refuses_bad_input():
         cpu_attention.decode_attention(query, cache, table.long(), lens, torch.empty_like(query), 0.1)
 
 
-def test_an_empty_row_gets_zeros_and_reads_nothing():
-    query, cache, table, lens = paged_case(3, 8, 4, 64, 32, [40, 1, 40], torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_an_empty_row_gets_zeros_and_reads_nothing(dtype):
+    query, cache, table, lens = paged_case(3, 8, 4, 64, 32, [40, 1, 40], dtype)
     lens[1] = 0
     table[1] = 10**6  # a block number far outside the cache: reading it would fault
     out = torch.full_like(query, float("nan"))
@@ -103,6 +104,28 @@ def test_an_empty_row_gets_zeros_and_reads_nothing():
     assert (out[1] == 0).all()
     torch.testing.assert_close(out[[0, 2]].float(), cpu_attention.reference(
         query[[0, 2]], cache, table[[0, 2]], lens[[0, 2]], 0.125).float(), atol=8e-3, rtol=8e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_values_outside_the_window_and_length_are_never_read(dtype, block_size):
+    """V rows before a sliding window's start and after a sequence's end hold NaN (a freed block's garbage
+    can): the output must not see them. K there may be read (its scores are masked), V must not."""
+    dim, window, lengths = 64, 45, [1, 33, 70, 150]
+    query, cache, table, lens = paged_case(len(lengths), 8, 2, dim, block_size, lengths, dtype, seed=3)
+    ref = cpu_attention.reference(query, cache, table, lens, dim**-0.5, window)
+    values = cache.view(cache.shape[0], cache.shape[1], 2, block_size, dim)[:, :, 1]  # [block, head, token, dim]
+    for row, length in enumerate(lengths):
+        start = max(0, length - window)
+        for slot, block in enumerate(table[row].tolist()):
+            for j in range(block_size):
+                if not start <= slot * block_size + j < length:
+                    values[block, :, j] = float("nan")
+    out = torch.full_like(query, float("nan"))
+    cpu_attention.decode_attention(query, cache, table, lens, out, dim**-0.5, window)
+    assert torch.isfinite(out).all()
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
 def test_engine_choice_is_ours_on_cpu_only():
@@ -135,9 +158,10 @@ def test_bench_attention_runs_both_kernels_and_compares_them(capsys):
     assert run["max_abs_diff"] < 8e-3 and run["ours_ms"] > 0 and run["vllm_ms"] > 0
 
 
-def test_the_build_says_whether_bf16_is_vectorised():
+def test_the_build_says_which_paths_are_vectorised():
     flags = cpu_attention._cpu_flags().split()
     assert cpu_attention.load().vectorised_bf16() == ("avx512f" in flags)  # built with -march=native
+    assert cpu_attention.load().vectorised_f32() == ("avx2" in flags and "fma" in flags)
 
 
 def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path, monkeypatch):
