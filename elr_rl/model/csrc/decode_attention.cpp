@@ -245,14 +245,17 @@ struct Plan {
   const int32_t* lens;
   int kv_heads, block_size, window, dim;
 
-  int first_chunk(int64_t item) const {
+  // An item's tokens [start, seq_len) and the chunks that hold them (n_chunks 0 for an empty row).
+  struct Span {
+    int seq_len, start, first_chunk, n_chunks;
+  };
+  Span span(int64_t item) const {
     const int len = lens[item / kv_heads];
-    return (window > 0 ? std::max(0, len - window) : 0) / kChunk;
+    const int start = window > 0 ? std::max(0, len - window) : 0;
+    return {len, start, start / kChunk, len <= 0 ? 0 : (len + kChunk - 1) / kChunk - start / kChunk};
   }
-  int n_chunks(int64_t item) const {
-    const int len = lens[item / kv_heads];
-    return len <= 0 ? 0 : (len + kChunk - 1) / kChunk - first_chunk(item);
-  }
+  int first_chunk(int64_t item) const { return span(item).first_chunk; }
+  int n_chunks(int64_t item) const { return span(item).n_chunks; }
   const T* k_of(int64_t item, int chunk) const {
     const int per_block = block_size / kChunk;
     const int64_t block = table[(item / kv_heads) * table_stride + chunk / per_block];
@@ -307,6 +310,13 @@ inline void prefetch_chunk_lines(const char* base, int lines) {
   for (int l = 0; l < lines; ++l) __builtin_prefetch(base + l * 64, 0, 2);
 }
 
+// An empty row's output (not a decode row vLLM sends): zeros, and nothing read.
+template <int G, int D, typename T>
+void write_zeros(T* out, int64_t out_head_stride) {
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < D; ++d) out[g * out_head_stride + d] = static_cast<T>(0.0f);
+}
+
 // One thread's items [begin, end): start both prefetch streams (the first `k_ahead_chunks` chunks' K; the
 // first `v_ahead_chunks` chunks' V, or with 0 the first item's), then `attend(item, k_ahead, v_ahead)` for
 // each. `lines` = 64-byte lines in a chunk's K (and in its V).
@@ -337,16 +347,9 @@ void attend_bf16(const at::BFloat16* __restrict__ q_in, int64_t q_head_stride, c
   static_assert(D % kChunk == 0, "head_dim must be a multiple of 32");
   constexpr int DH = D / 2, P = D / kChunk;
   constexpr int kLines = D;  // 64-byte lines in a chunk's K (one per channel) and in its V (32 rows of 2D bytes)
-  const int seq_len = plan.lens[item / plan.kv_heads];
-  if (seq_len <= 0) {
-    for (int g = 0; g < G; ++g)
-      for (int d = 0; d < D; ++d) out[g * out_head_stride + d] = static_cast<T>(0.0f);
-    return;
-  }
+  const auto [seq_len, start, first_chunk, n_chunks] = plan.span(item);
+  if (n_chunks == 0) return write_zeros<G, D>(out, out_head_stride);
   const int block_size = plan.block_size;
-  const int start = plan.window > 0 ? std::max(0, seq_len - plan.window) : 0;
-  const int first_chunk = start / kChunk;
-  const int n_chunks = (seq_len + kChunk - 1) / kChunk - first_chunk;
   scratch.resize(static_cast<size_t>(G) * n_chunks * kChunk);
   float* sc = scratch.data();  // [chunk][g][32], in `order` (below)
   const __m512i mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
@@ -568,16 +571,9 @@ void attend_f32(const float* __restrict__ q_in, int64_t q_head_stride, const Pla
   static_assert(D % kChunk == 0, "head_dim must be a multiple of 32");
   constexpr int kRowLines = kChunk * sizeof(float) / 64;  // lines in a K channel row of a chunk, per V token: D/16
   constexpr int kVTokenLines = D * sizeof(float) / 64;
-  const int seq_len = plan.lens[item / plan.kv_heads];
-  if (seq_len <= 0) {
-    for (int g = 0; g < G; ++g)
-      for (int d = 0; d < D; ++d) out[g * out_head_stride + d] = 0.0f;
-    return;
-  }
+  const auto [seq_len, start, first_chunk, n_chunks] = plan.span(item);
+  if (n_chunks == 0) return write_zeros<G, D>(out, out_head_stride);
   const int block_size = plan.block_size;
-  const int start = plan.window > 0 ? std::max(0, seq_len - plan.window) : 0;
-  const int first_chunk = start / kChunk;
-  const int n_chunks = (seq_len + kChunk - 1) / kChunk - first_chunk;
   scratch.resize(static_cast<size_t>(G) * n_chunks * kChunk);
   float* sc = scratch.data();  // [chunk][g][32], token order
 
