@@ -85,6 +85,8 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
     for (int64_t r = begin; r < end; ++r) {
       const uint16_t* xr = xs + r * d;
       uint16_t* yr = ys + r * d;
+      // Sixteen lane sums, then the lanes in order: the same order with or without AVX-512, so a machine's
+      // ISA does not change the output (one running sum here moved 56 of 307,200 values against PyTorch's).
       float acc[16] = {0.0f};
       int64_t i = 0;
 #if defined(__AVX512F__)
@@ -94,6 +96,12 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
         vacc = _mm512_add_ps(vacc, _mm512_mul_ps(v, v));
       }
       _mm512_storeu_ps(acc, vacc);
+#else
+      for (; i + 16 <= d; i += 16)
+        for (int l = 0; l < 16; ++l) {
+          const float v = bf16_to_float(xr[i + l]);
+          acc[l] += v * v;
+        }
 #endif
       float sum = 0.0f;
       for (int l = 0; l < 16; ++l) sum += acc[l];
