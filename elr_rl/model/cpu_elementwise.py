@@ -7,8 +7,9 @@ roundings (see the C++ file for the one exception, the order of RMSNorm's sum of
 into the decode-attention extension (`cpu_attention.load`).
 
 `fuse(model)` points the model's `RMSNorm` and `Rotary` modules at them, for bf16 inputs without autograd
-(anything else runs the PyTorch code as before). The vLLM model calls it on CPU in eager mode; the
-training model never does.
+(anything else runs the PyTorch code as before). The vLLM model calls it on CPU in eager mode where the
+kernels were built with AVX-512 (without it their scalar sums of squares round differently from PyTorch's
+more often, and such CPUs run fp32 anyway); the training model never does.
 """
 
 from __future__ import annotations

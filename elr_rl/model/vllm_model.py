@@ -219,13 +219,18 @@ class LoopedVllmForCausalLM(nn.Module):
         if _cpu_attention(hf, current_platform.device_type) == "elr":
             self.cpu_attention = self.core.use_decode_kernel(vllm_config.cache_config.block_size,
                                                              vllm_config.model_config.dtype)
-        # CPU, bf16, eager: RMSNorm and rotary run one-pass kernels with PyTorch's roundings (cpu_elementwise)
+        # CPU, bf16, eager, a build with AVX-512: RMSNorm and rotary run one-pass kernels with PyTorch's roundings
+        # (cpu_elementwise). Without AVX-512 the kernels' scalar loops sum RMSNorm's squares in another order than
+        # PyTorch's there (24 of 55 logprobs of tests/rollout/test_cpu_elementwise_engine.py equal on an AVX2 EPYC),
+        # and bf16 is not the dtype such a CPU runs (its bf16 matrix products are ~50x slower than fp32).
         self.fused_elementwise = 0
         if (current_platform.device_type == "cpu" and vllm_config.model_config.dtype == torch.bfloat16
                 and vllm_config.model_config.enforce_eager):
-            from elr_rl.model import cpu_elementwise
+            from elr_rl.model import cpu_attention, cpu_elementwise
 
-            self.fused_elementwise = cpu_elementwise.fuse(self.backbone)
+            kernels = cpu_attention.load()
+            if kernels is not None and kernels.vectorised_bf16():
+                self.fused_elementwise = cpu_elementwise.fuse(self.backbone)
         if spec.kv_cache_mode == "last_loop":
             _warn_unsafe_last_loop(vllm_config)
 

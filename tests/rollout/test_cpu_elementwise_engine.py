@@ -31,8 +31,9 @@ def test_fused_elementwise_keeps_the_engines_logprobs(tmp_path):
                            options=EngineOptions(max_model_len=128, max_num_seqs=8))
     try:
         fused = engine.llm.collective_rpc(_fused)[0]
-        if engine.platform != "cpu" or cpu_attention.load() is None:
-            assert fused == 0
+        kernels = cpu_attention.load()
+        if engine.platform != "cpu" or kernels is None or not kernels.vectorised_bf16():
+            assert fused == 0  # the kernels run where they are built with AVX-512 only
             return
         assert fused > 0
         (p_fused, g_fused) = _run(engine)
