@@ -27,7 +27,8 @@ Head sizes the attention backend lacks (CPU: below 32) are zero-padded inside th
 core (`kernel_head_size`); the projections are plain `nn.Linear`, so the model
 runs with tensor_parallel_size=1 on CPU and CUDA alike. On CPU they run through
 vLLM's oneDNN matmul on weights packed after every load (`PackedLinears`; the
-`elr_cpu_gemm` override picks "onednn" or "torch"), and decode steps' attention runs our kernel
+`elr_cpu_gemm` override picks "onednn" or "torch"; fp32 batches of 96 rows and more on an AVX2
+CPU go to MKL, faster there at those sizes), and decode steps' attention runs our kernel
 on vLLM's paged cache (`elr_rl.model.cpu_attention`; `elr_cpu_attention` picks "elr" or "vllm").
 """
 
@@ -286,14 +287,19 @@ class PackedLinears:
     torch's `F.linear` goes to MKL, whose fp32 GEMM with 8 rows (a decode step's batch) ran at 8-25
     GFLOP/s on an AVX2 AMD EPYC where oneDNN on the same shapes ran 1.2-2x faster; with one row
     (a lone sequence) MKL's matrix-vector product was faster, so rows below `min_rows` stay on it.
+    At the other end, on the same CPU in fp32, MKL beat oneDNN from about 96 rows up (83 against 75
+    GFLOP/s at 192-512 rows of this model's shapes, one thread; level at 64, oneDNN ahead below):
+    rows from `max_rows[dtype]` up go to F.linear (`onednn_row_limits`: fp32 without AVX-512 only; the
+    AVX-512 machines' oneDNN paths were measured faster, so they keep oneDNN at every size).
     A packed copy does not follow in-place weight changes: `mark_stale` (every load) makes the next
     `refresh` repack from the parameters, which the model calls at the start of each forward.
     """
 
-    def __init__(self, model: nn.Module, min_rows: int = 4) -> None:
+    def __init__(self, model: nn.Module, min_rows: int = 4, max_rows: dict | None = None) -> None:
         from vllm import _custom_ops as ops
 
         self.ops, self.min_rows = ops, min_rows
+        self.max_rows = onednn_row_limits() if max_rows is None else max_rows
         self.layers = [m for m in model.modules() if type(m) is nn.Linear]
         self.handles: dict[int, object] = {}
         self.stale, self.warned = True, False
@@ -323,12 +329,25 @@ class PackedLinears:
         def forward(x: torch.Tensor) -> torch.Tensor:
             handle = self.handles.get(id(layer))
             rows = x.numel() // max(x.shape[-1], 1)
-            if handle is None or self.stale or rows < self.min_rows or x.dtype != layer.weight.dtype:
+            limit = self.max_rows.get(x.dtype)
+            if (handle is None or self.stale or rows < self.min_rows or x.dtype != layer.weight.dtype
+                    or (limit is not None and rows >= limit)):
                 return nn.functional.linear(x, layer.weight, layer.bias)
             out = self.ops.onednn_mm(handle, x.reshape(rows, x.shape[-1]).contiguous(), layer.bias)
             return out.view(*x.shape[:-1], out.shape[-1])
 
         return forward
+
+
+def onednn_row_limits(capability: str | None = None) -> dict:
+    """{dtype: rows from which PackedLinears leaves a projection to F.linear (MKL)} for this CPU.
+
+    Measured on an AVX2 AMD EPYC (Zen 3), one thread, this model's projection shapes (1024 -> 256..2816,
+    2816 -> 1024): fp32 MKL over oneDNN 1.11x at 512 rows, 1.05-1.11x at 96-224, level at 64, 0.85x at 16.
+    Nothing measured says the same of AVX-512 or non-x86 CPUs (no MKL there) or of bf16 (MKL has no
+    bf16 GEMM; torch sends it to oneDNN unpacked), so those keep oneDNN at every row count."""
+    capability = capability or torch.backends.cpu.get_cpu_capability()
+    return {torch.float32: 96} if capability.upper() == "AVX2" and torch.backends.mkl.is_available() else {}
 
 
 def _cpu_gemm(hf, platform: str, eager: bool) -> str:

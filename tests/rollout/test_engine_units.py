@@ -126,7 +126,7 @@ def test_packed_linears_match_f_linear_and_repack_after_a_load():
             x = torch.nn.functional.linear(x, w, b)
         return x
 
-    packed = PackedLinears(net)
+    packed = PackedLinears(net, max_rows={})  # oneDNN at every row count from min_rows up
     packed.refresh()
     assert len(packed.handles) == 2
     with torch.no_grad():
@@ -143,3 +143,36 @@ def test_packed_linears_match_f_linear_and_repack_after_a_load():
         packed.mark_stale()
         packed.refresh()
         torch.testing.assert_close(net(x), expected(x), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linears_leave_large_batches_to_f_linear_where_the_cpu_says_so():
+    """Rows from max_rows[dtype] up go to F.linear (MKL on an AVX2 CPU's fp32), fewer to oneDNN; the
+    result is F.linear's either way, and the default limits follow the CPU and the dtype."""
+    pytest.importorskip("vllm")
+    from vllm import _custom_ops as ops
+
+    from elr_rl.model import vllm_model
+    from elr_rl.model.vllm_model import PackedLinears, onednn_row_limits
+
+    if not getattr(ops, "_supports_onednn", False):
+        pytest.skip("this vLLM build has no oneDNN matmul")
+    mkl = torch.backends.mkl.is_available()
+    assert onednn_row_limits("AVX2") == ({torch.float32: 96} if mkl else {})
+    assert onednn_row_limits("AVX512") == {} and onednn_row_limits("DEFAULT") == {}
+    torch.manual_seed(0)
+    net = torch.nn.Linear(64, 32, bias=True)
+    packed = PackedLinears(net, max_rows={torch.float32: 16})
+    packed.refresh()
+    calls = []
+    real = packed.ops.onednn_mm
+    packed.ops = type("Spy", (), {"onednn_mm": staticmethod(lambda *a: calls.append(a[1].shape[0]) or real(*a)),
+                                  "create_onednn_mm": staticmethod(ops.create_onednn_mm)})
+    with torch.no_grad():
+        for rows in (4, 15, 16, 40):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(net(x), torch.nn.functional.linear(x, net.weight, net.bias),
+                                       rtol=1e-5, atol=1e-5)
+        packed.max_rows = {torch.bfloat16: 8}  # a limit for another dtype: fp32 keeps oneDNN at every size
+        net(torch.randn(40, 64))
+    assert calls == [4, 15, 40], calls
+    assert vllm_model.onednn_row_limits() == onednn_row_limits(torch.backends.cpu.get_cpu_capability())
