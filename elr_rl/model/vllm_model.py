@@ -27,8 +27,8 @@ Head sizes the attention backend lacks (CPU: below 32) are zero-padded inside th
 core (`kernel_head_size`); the projections are plain `nn.Linear`, so the model
 runs with tensor_parallel_size=1 on CPU and CUDA alike. On CPU they run through
 vLLM's oneDNN matmul on weights packed after every load (`PackedLinears`; the
-`elr_cpu_gemm` override picks "onednn" or "torch"; fp32 batches of 96 rows and more on an AVX2
-CPU go to MKL, faster there at those sizes), and decode steps' attention runs our kernel
+`elr_cpu_gemm` override picks "onednn", "onednn_all" or "torch"; under "onednn" fp32 batches of 96
+rows and more on an AVX2 CPU go to MKL, faster there at those sizes; "onednn_all" keeps them on oneDNN), and decode steps' attention runs our kernel
 on vLLM's paged cache (`elr_rl.model.cpu_attention`; `elr_cpu_attention` picks "elr" or "vllm").
 """
 
@@ -48,9 +48,11 @@ logger = logging.getLogger(__name__)
 # hf_overrides key: how many loops get their own KV cache in per_loop mode
 # (default max_loops). A worker that never runs deeper than k allocates less.
 KV_LOOPS_KEY = "elr_kv_loops"
-# hf_overrides key: the CPU matmul of the projections, "onednn" (default) or "torch" (F.linear).
+# hf_overrides key: the CPU matmul of the projections: "onednn" (default: oneDNN on packed weights, MKL
+# for the batch sizes where `onednn_row_limits` says it is faster), "onednn_all" (oneDNN at every batch
+# size from PackedLinears.min_rows) or "torch" (F.linear).
 CPU_GEMM_KEY = "elr_cpu_gemm"
-CPU_GEMMS = ("onednn", "torch")
+CPU_GEMMS = ("onednn", "onednn_all", "torch")
 # hf_overrides key: decode attention on CPU, "elr" (our kernel, default) or "vllm" (vLLM-CPU's kernel).
 CPU_ATTENTION_KEY = "elr_cpu_attention"
 _ENGINE_KEYS = (KV_LOOPS_KEY, CPU_GEMM_KEY, CPU_ATTENTION_KEY)  # engine settings in hf_overrides, not model fields
@@ -215,7 +217,9 @@ class LoopedVllmForCausalLM(nn.Module):
         from vllm.platforms import current_platform
 
         self.cpu_gemm = _cpu_gemm(hf, current_platform.device_type, vllm_config.model_config.enforce_eager)
-        self.packed = PackedLinears(self) if self.cpu_gemm == "onednn" else None
+        self.packed = None
+        if self.cpu_gemm != "torch":
+            self.packed = PackedLinears(self, max_rows={} if self.cpu_gemm == "onednn_all" else None)
         self.cpu_attention = "vllm"  # decode attention: our kernel ("elr") or vLLM's
         if _cpu_attention(hf, current_platform.device_type) == "elr":
             self.cpu_attention = self.core.use_decode_kernel(vllm_config.cache_config.block_size,
@@ -360,7 +364,7 @@ def _cpu_gemm(hf, platform: str, eager: bool) -> str:
         return "torch"
     from vllm import _custom_ops as ops
 
-    return "onednn" if getattr(ops, "_supports_onednn", False) else "torch"
+    return choice if getattr(ops, "_supports_onednn", False) else "torch"
 
 
 def _cpu_attention(hf, platform: str) -> str:

@@ -93,7 +93,9 @@ class EngineOptions:
     samples of 8 prompts of 28-161 tokens prefilled in 2.4-2.7 s against 0.97-1.02 s at 32 (measured)."""
     cpu_gemm: str = "onednn"
     """CPU only: the projections' matmul: "onednn" (vLLM's oneDNN kernel on weights packed after each load;
-    1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC) or "torch" (F.linear)."""
+    1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC, where fp32 batches of 96 rows and more
+    still go to F.linear, faster there: `vllm_model.onednn_row_limits`), "onednn_all" (oneDNN at every
+    batch size) or "torch" (F.linear)."""
     cpu_attention: str = "elr"
     """CPU only: decode steps' attention: "elr" (`elr_rl.model.cpu_attention`, our kernel on vLLM's paged
     cache, compiled for the machine on first use; 2.2x vLLM-CPU's kernel on a 512-sequence step at context
@@ -276,8 +278,8 @@ class RolloutEngine:
             raise ValueError(f"k={self.k} is outside 1..{self.max_loops} (max_loops of {self.checkpoint_dir})")
         if self.cache_mode == "per_loop" and not self.k <= self.kv_loops <= self.max_loops:
             raise ValueError(f"options.kv_loops={self.kv_loops} must be in k..max_loops = {self.k}..{self.max_loops}")
-        if opts.cpu_gemm not in ("onednn", "torch"):
-            raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick 'onednn' or 'torch'")
+        if opts.cpu_gemm not in ("onednn", "onednn_all", "torch"):
+            raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick 'onednn', 'onednn_all' or 'torch'")
         from elr_rl.model.cpu_attention import CHOICES as ATTENTIONS
 
         if opts.cpu_attention not in ATTENTIONS:

@@ -176,3 +176,24 @@ def test_packed_linears_leave_large_batches_to_f_linear_where_the_cpu_says_so():
         net(torch.randn(40, 64))
     assert calls == [4, 15, 40], calls
     assert vllm_model.onednn_row_limits() == onednn_row_limits(torch.backends.cpu.get_cpu_capability())
+
+
+def test_cpu_gemm_choice_follows_the_override_platform_and_build():
+    """"onednn" and "onednn_all" run oneDNN on CPU in eager mode where vLLM's build has it, F.linear
+    everywhere else; an unknown value names the choices."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm import _custom_ops as ops
+
+    from elr_rl.model.vllm_model import CPU_GEMM_KEY, _cpu_gemm
+
+    built = getattr(ops, "_supports_onednn", False)
+    for choice in ("onednn", "onednn_all"):
+        hf = SimpleNamespace(**{CPU_GEMM_KEY: choice})
+        assert _cpu_gemm(hf, "cpu", True) == (choice if built else "torch")
+        assert _cpu_gemm(hf, "cuda", True) == "torch" and _cpu_gemm(hf, "cpu", False) == "torch"
+    assert _cpu_gemm(SimpleNamespace(), "cpu", True) == ("onednn" if built else "torch")
+    assert _cpu_gemm(SimpleNamespace(**{CPU_GEMM_KEY: "torch"}), "cpu", True) == "torch"
+    with pytest.raises(ValueError, match="onednn_all"):
+        _cpu_gemm(SimpleNamespace(**{CPU_GEMM_KEY: "mkl"}), "cpu", True)
