@@ -15,7 +15,11 @@ vLLM against generate(): both run the first --compare-prompts prompts, --compare
 512 rows took 620 s at k = 4 on one thread, 32 useful tokens/s, no faster per token than on 64).
 A plain decoder keeps computing rows that have finished, pads every prompt to the longest one and
 prefills a prompt once per sample; vLLM does none of these (a group's samples share their prompt's
-whole KV blocks), so the ratio includes the work the plain decoder wastes, printed beside it.
+whole KV blocks), so the ratio includes the work the plain decoder wastes, printed beside it. The ratio
+is taken on the same useful work: vLLM runs the same rows again with each completion made exactly as
+long as generate()'s useful tokens on it (stop token ignored; row `vllm_matched`), since on a few dozen
+rows the longest sampled completion sets either engine's time. vLLM sampling its own lengths (row
+`vllm`) gives the sampled ratio, printed beside it. --compare-only runs this comparison alone.
 
 Against the hardware (vLLM on the whole request), each a share of a matrix product's rate timed
 in this run with the same threads and dtype (the ceiling):
@@ -97,6 +101,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "the first is the one every other row uses, each other adds `vllm_request-pages-<x>` and a ratio")
     p.add_argument("--stream", type=int, default=3,
                    help="requests in the stream measure, two in flight at a time (0: skip it)")
+    p.add_argument("--compare-only", action="store_true",
+                   help="only vLLM against generate() on the compared rows (no request, stream or full-batch measures)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -104,6 +110,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--compare-prompts {args.compare_prompts} must be in 1..--batch ({args.batch})")
     if args.stream == 1 or args.stream < 0:
         p.error(f"--stream {args.stream}: use 0 (off) or 2 or more requests")
+    if args.compare_only:
+        args.stream = 0  # the stream is a request measure
     if args.compare_samples < 1:
         p.error(f"--compare-samples {args.compare_samples} must be at least 1")
     return args
@@ -276,6 +284,37 @@ def bench_vllm(engine, prompts: list[list[int]], codec, k: int, args, samples: i
             "prefill_seconds": prefill_s, "prefill_one_seconds": prefill_one_s, "first_tokens": first_tokens}
 
 
+def matched_params(lengths: list[int]) -> list:
+    """One request per row, each made to run exactly its length: the stop token is ignored (`ignore_eos`, no stop
+    ids) and max_tokens is the row's length, so vLLM computes the tokens generate() found useful on the same rows."""
+    from vllm import SamplingParams
+
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"row lengths must be at least 1 each, got {lengths[:8]}...")
+    return [SamplingParams(n=1, max_tokens=n, temperature=1.0, ignore_eos=True, logprobs=0, detokenize=False,
+                           flat_logprobs=True) for n in lengths]
+
+
+def bench_vllm_matched(engine, prompts: list[list[int]], lengths: list[int], k: int, samples: int) -> dict:
+    """vLLM on generate()'s rows (each prompt `samples` times, in its order) with each row's completion as long as
+    generate()'s useful tokens on it (`matched_params`): both engines then do the same useful work, so their ratio
+    is the engines', not the sampled lengths' (on a few rows one long completion sets either engine's time)."""
+    rows = [p for p in prompts for _ in range(samples)]
+    if len(rows) != len(lengths):
+        raise ValueError(f"{len(lengths)} lengths for {len(rows)} rows")
+    engine.set_k(k)
+    engine.drop_cached_prefixes()
+    counts = engine.prefill_counts()
+    start = time.perf_counter()
+    outs = engine.llm.generate([{"prompt_token_ids": p} for p in rows], matched_params(lengths), use_tqdm=False)
+    seconds = time.perf_counter() - start
+    got = [len(o.outputs[0].token_ids) for o in outs]
+    if got != list(lengths):  # a row cut short would make the ratio a lie
+        raise RuntimeError(f"vLLM ran {sum(got)} tokens for {sum(lengths)} asked: rows {got[:8]}... vs {lengths[:8]}...")
+    return {"seconds": seconds, "tokens": sum(got), "computed": sum(got), "lengths": got,
+            **prompt_work(engine, counts, prompts, samples)}
+
+
 def prompt_work(engine, before: dict | None, prompts: list[list[int]], samples: int) -> dict:
     """Prompt tokens vLLM computed for a request and those a group's other samples copied, counted by the engine
     since `before` (its prefill_counts()); without those counters, what vLLM's prefix cache leaves (`prefilled`)."""
@@ -379,7 +418,8 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
     rates = [matmul_gflops(getattr(torch, dtype))]  # re-measured between runs; the best is the ceiling
     request, stream = prompts[:args.batch], prompts if args.stream else []
     few = request[: args.compare_prompts]  # the rows both engines run for the ratio
-    raw: dict = {"pytorch": {}, "vllm": {}, "vllm_request": {}, **({"vllm_stream": {}} if stream else {})}
+    raw: dict = {"pytorch": {}, "vllm": {}, "vllm_matched": {}, "vllm_request": {},
+                 **({"vllm_stream": {}} if stream else {})}
     full_batch: dict = {}
     kernels: dict = {}
     with torch.inference_mode():
@@ -396,6 +436,8 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         for a in args.cpu_attention[1:]] + [
         (f"vllm_request-pages-{h}", f"ratio_pages_{args.huge_pages[0]}_over_{h}", {"huge_pages": h == "on"})
         for h in args.huge_pages[1:]]
+    if args.compare_only:
+        variants = variants[:1]
     pages: dict = {}
     for i, (name, _, changed) in enumerate(variants):
         raw.setdefault(name, {})
@@ -408,6 +450,10 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
             for k in args.ks:
                 if i == 0:
                     raw["vllm"][k] = bench_vllm(engine, few, codec, k, args, args.compare_samples)
+                    raw["vllm_matched"][k] = bench_vllm_matched(engine, few, raw["pytorch"][k]["lengths"], k,
+                                                                args.compare_samples)
+                if args.compare_only:
+                    continue
                 raw[name][k] = bench_vllm(engine, request, codec, k, args, args.samples, time_prefill=True)
                 if i == 0:
                     full_batch[k] = full_batch_decode(engine, request, k, args)
@@ -426,7 +472,7 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
                  "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv,
                  "attention_kernel": kernels, "huge_page_mib": pages}
     for name, runs in raw.items():
-        rows = few if name in ("pytorch", "vllm") else stream if name == "vllm_stream" else request
+        rows = few if name in ("pytorch", "vllm", "vllm_matched") else stream if name == "vllm_stream" else request
         res[name] = {f"k{k}": summarise({**run, "cap": args.new_tokens}, model, k, rows, ceiling)
                      for k, run in runs.items()}
     res["vllm_full_batch"] = {}
@@ -438,7 +484,12 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         res["ratio_stream_over_request"] = {
             kk: round(s["tokens_per_s"] / res["vllm_request"][kk]["tokens_per_s"], 2)
             for kk, s in res["vllm_stream"].items()}
+    # Same rows, same useful tokens (vLLM made to run generate()'s lengths): the engines' ratio. Each engine
+    # sampling its own lengths (the sampled ratio) adds the luck of a few rows' longest completion.
     res["ratio_vllm_over_pytorch"] = {
+        kk: round(res["vllm_matched"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2)
+        for kk in res["vllm_matched"]}
+    res["ratio_vllm_sampled_over_pytorch"] = {
         kk: round(res["vllm"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2) for kk in res["vllm"]}
     for name, key, _ in variants[1:]:  # the first engine over each other one, same request, same run
         other = res[name]
@@ -474,45 +525,48 @@ def print_table(r: dict, head: dict) -> None:
     print(f"\n{head['model_params'] / 1e6:.1f}M parameters, {head['dtype']}, prompts of "
           f"{head['prompt_tokens'][0]}-{head['prompt_tokens'][1]} tokens, cap {head['new_tokens_cap']}; "
           f"{r['threads']} thread(s), matmul ceiling {r['ceiling_gflops']} GFLOP/s")
-    print(f"vLLM on the request ({head['batch']} prompts x {head['samples']} samples = {rows} sequences); "
-          "decode attention that ran: " + ", ".join(f"{n} {k}" for n, k in r["attention_kernel"].items()) +
-          "; KV cache and parameters on huge pages: " + ", ".join(
-              f"{n} {m:,} MiB" for n, m in r.get("huge_page_mib", {}).items()))
-    print(f"{'':26s}{'useful tok/s':>13s}{'mean/max len':>14s}{'capped':>8s}{'decode MFU':>12s}"
-          f"{'decode-time MFU':>17s}{'total MFU':>11s}{'prefill s / all s':>19s}")
-    for engine in [name for name in r if name.startswith("vllm_request")]:
-        for kk, s in r[engine].items():
-            print(f"{engine + ' ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
-                  f"{s['capped']:>8}{s['mfu']:>12.1%}{s['decode_time_mfu']:>17.1%}{s['total_mfu']:>11.1%}"
-                  f"{str(s['prefill_seconds']) + ' / ' + str(s['seconds']):>19s}")
-    for engine in [name for name in r if name.startswith("vllm_request")]:
-        for kk, s in r[engine].items():
-            shared = (f"a group's other samples read whole KV blocks from the prefix cache, copied {s['prefill_copied']:,} "
-                      "tail tokens from the first sample and computed their last token" if s["prefill_copied"] else
-                      "a group's other samples share only whole KV blocks and recompute the rest")
-            print(f"prefill {engine} {kk}: {s['prefill_tokens']:,} prompt tokens computed for {s['prompt_tokens']:,} "
-                  f"distinct ({s['prefill_tokens'] / s['prompt_tokens']:.2f}x: {shared}), {s['prefill_seconds']} s "
-                  f"(to {s['prefill_timed_tokens']} token(s) a sample); one sample of each prompt {s['prefill_one_seconds']} s")
-    if "vllm_stream" in r:
-        print(f"vLLM on a stream of {head['stream']} requests (this one, then others like it), two in flight at a time "
-              f"(continuous batching, as a rollout worker with requests_per_worker 2):")
-        for kk, s in r["vllm_stream"].items():
-            print(f"{'vllm_stream ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
-                  f"{s['capped']:>8}{s['mfu']:>12.1%}{'':>17s}{s['total_mfu']:>11.1%}{str(s['seconds']):>19s}"
-                  f"   {r['ratio_stream_over_request'][kk]}x the request's tok/s")
-    print("vLLM decode with every sequence running (stop token ignored): " + ", ".join(
-        f"{kk} {s['step_ms']} ms a step of {s['rows']} rows, MFU {s['mfu']:.1%}" for kk, s in r["vllm_full_batch"].items()))
+    if r["vllm_request"]:  # not with --compare-only
+        print(f"vLLM on the request ({head['batch']} prompts x {head['samples']} samples = {rows} sequences); "
+              "decode attention that ran: " + ", ".join(f"{n} {k}" for n, k in r["attention_kernel"].items()) +
+              "; KV cache and parameters on huge pages: " + ", ".join(
+                  f"{n} {m:,} MiB" for n, m in r.get("huge_page_mib", {}).items()))
+        print(f"{'':26s}{'useful tok/s':>13s}{'mean/max len':>14s}{'capped':>8s}{'decode MFU':>12s}"
+              f"{'decode-time MFU':>17s}{'total MFU':>11s}{'prefill s / all s':>19s}")
+        for engine in [name for name in r if name.startswith("vllm_request")]:
+            for kk, s in r[engine].items():
+                print(f"{engine + ' ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+                      f"{s['capped']:>8}{s['mfu']:>12.1%}{s['decode_time_mfu']:>17.1%}{s['total_mfu']:>11.1%}"
+                      f"{str(s['prefill_seconds']) + ' / ' + str(s['seconds']):>19s}")
+        for engine in [name for name in r if name.startswith("vllm_request")]:
+            for kk, s in r[engine].items():
+                shared = (f"a group's other samples read whole KV blocks from the prefix cache, copied {s['prefill_copied']:,} "
+                          "tail tokens from the first sample and computed their last token" if s["prefill_copied"] else
+                          "a group's other samples share only whole KV blocks and recompute the rest")
+                print(f"prefill {engine} {kk}: {s['prefill_tokens']:,} prompt tokens computed for {s['prompt_tokens']:,} "
+                      f"distinct ({s['prefill_tokens'] / s['prompt_tokens']:.2f}x: {shared}), {s['prefill_seconds']} s "
+                      f"(to {s['prefill_timed_tokens']} token(s) a sample); one sample of each prompt {s['prefill_one_seconds']} s")
+        if "vllm_stream" in r:
+            print(f"vLLM on a stream of {head['stream']} requests (this one, then others like it), two in flight at a time "
+                  f"(continuous batching, as a rollout worker with requests_per_worker 2):")
+            for kk, s in r["vllm_stream"].items():
+                print(f"{'vllm_stream ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
+                      f"{s['capped']:>8}{s['mfu']:>12.1%}{'':>17s}{s['total_mfu']:>11.1%}{str(s['seconds']):>19s}"
+                      f"   {r['ratio_stream_over_request'][kk]}x the request's tok/s")
+        print("vLLM decode with every sequence running (stop token ignored): " + ", ".join(
+            f"{kk} {s['step_ms']} ms a step of {s['rows']} rows, MFU {s['mfu']:.1%}" for kk, s in r["vllm_full_batch"].items()))
     print(f"vLLM and generate() on the first {head['compare_prompts']} prompts x {head['compare_samples']} samples "
           f"({few} sequences):")
     print(f"{'':26s}{'useful tok/s':>13s}{'mean/max len':>14s}{'waste':>8s}{'decode MFU':>12s}")
-    for engine in ("vllm", "pytorch"):
+    for engine in ("vllm", "vllm_matched", "pytorch"):
         for kk, s in r[engine].items():
             print(f"{engine + ' ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
                   f"{s['waste']:>8}{s['mfu']:>12.1%}")
+    print("vllm_matched: vLLM on the same rows, each made to run as many tokens as generate()'s useful ones on it")
     for kk, ratio in r["ratio_vllm_over_pytorch"].items():
-        print(f"vLLM / PyTorch {kk}: {ratio}x (plain decoder computes {r['plain_waste_factor'][kk]}x the useful tokens)")
-    for key in [name for name in r if name.startswith("ratio_")
-                and name not in ("ratio_vllm_over_pytorch", "ratio_stream_over_request")]:
+        print(f"vLLM / PyTorch {kk}, same useful tokens: {ratio}x (plain decoder computes {r['plain_waste_factor'][kk]}x "
+              f"the useful tokens; each sampling its own lengths: {r['ratio_vllm_sampled_over_pytorch'][kk]}x)")
+    for key in [name for name in r if name.startswith("ratio_") and name not in (
+            "ratio_vllm_over_pytorch", "ratio_vllm_sampled_over_pytorch", "ratio_stream_over_request")]:
         first, other = key[len("ratio_"):].split("_over_")
         what = "matmuls"
         if first.startswith("attn_"):

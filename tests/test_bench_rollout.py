@@ -94,3 +94,16 @@ def test_a_stream_holds_two_requests_or_none():
         bench_rollout.parse_args(["--stream", "1"])
     assert bench_rollout.parse_args(["--stream", "0"]).stream == 0
     assert bench_rollout.parse_args([]).stream == 3
+
+
+def test_matched_rows_ignore_the_stop_token_and_run_their_own_length():
+    params = bench_rollout.matched_params([5, 1, 40])
+    assert [p.max_tokens for p in params] == [5, 1, 40]
+    assert all(p.ignore_eos and not p.stop_token_ids and p.n == 1 and p.temperature == 1.0 for p in params)
+    with pytest.raises(ValueError, match="at least 1"):
+        bench_rollout.matched_params([3, 0])
+
+
+def test_compare_only_turns_the_stream_off():
+    args = bench_rollout.parse_args(["--compare-only"])
+    assert args.compare_only and args.stream == 0

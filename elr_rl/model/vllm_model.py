@@ -289,8 +289,12 @@ class PackedLinears:
     """CPU: a model's `nn.Linear` layers through vLLM's oneDNN matmul on packed copies of their weights.
 
     torch's `F.linear` goes to MKL, whose fp32 GEMM with 8 rows (a decode step's batch) ran at 8-25
-    GFLOP/s on an AVX2 AMD EPYC where oneDNN on the same shapes ran 1.2-2x faster; with one row
-    (a lone sequence) MKL's matrix-vector product was faster, so rows below `min_rows` stay on it.
+    GFLOP/s on an AVX2 AMD EPYC where oneDNN on the same shapes ran 1.2-2x faster. The few rows of a
+    request's thinning tail: rows below `min_rows` stay on MKL, by default (`small_rows_floor`) one row
+    on one thread only. On that CPU (one layer's seven projections, d = 1024, fp32) MKL's one-row
+    product was level with oneDNN's or ahead (3.2-4.1 against 4.2-4.4 ms), but at 2-3 rows oneDNN was
+    1.3-1.8x faster (3.7-4.6 against 5.5-7.7 ms); and with 2 threads MKL ran 1-4 rows on one thread
+    (3.2-6.6 ms, no faster than with one) where oneDNN used both (2.1-3.2 ms, 1.3-3.2x).
     At the other end, on the same CPU in fp32, MKL beat oneDNN from about 96 rows up (83 against 75
     GFLOP/s at 192-512 rows of this model's shapes, one thread; level at 64, oneDNN ahead below):
     rows from `max_rows[dtype]` up go to F.linear (`onednn_row_limits`: fp32 without AVX-512 only; the
@@ -299,10 +303,11 @@ class PackedLinears:
     `refresh` repack from the parameters, which the model calls at the start of each forward.
     """
 
-    def __init__(self, model: nn.Module, min_rows: int = 4, max_rows: dict | None = None) -> None:
+    def __init__(self, model: nn.Module, min_rows: int | None = None, max_rows: dict | None = None) -> None:
         from vllm import _custom_ops as ops
 
-        self.ops, self.min_rows = ops, min_rows
+        self.ops, self.fixed_min_rows = ops, min_rows
+        self.min_rows = small_rows_floor() if min_rows is None else min_rows  # again at each refresh
         self.max_rows = onednn_row_limits() if max_rows is None else max_rows
         self.layers = [m for m in model.modules() if type(m) is nn.Linear]
         self.handles: dict[int, object] = {}
@@ -317,6 +322,8 @@ class PackedLinears:
         """Repack every weight if a load happened since the last pack."""
         if not self.stale:
             return
+        # the engine's threads are set by now (vLLM's CPU worker sets them before loading the weights)
+        self.min_rows = small_rows_floor() if self.fixed_min_rows is None else self.fixed_min_rows
         handles, failed = {}, []
         for layer in self.layers:
             try:
@@ -341,6 +348,13 @@ class PackedLinears:
             return out.view(*x.shape[:-1], out.shape[-1])
 
         return forward
+
+
+def small_rows_floor(threads: int | None = None) -> int:
+    """Rows from which PackedLinears runs oneDNN (fewer stay on MKL): 2 on one thread, where MKL's one-row
+    product was level with oneDNN's or ahead, else 1, since MKL ran a few rows on one of the threads only."""
+    threads = torch.get_num_threads() if threads is None else threads
+    return 2 if threads <= 1 else 1
 
 
 def onednn_row_limits(capability: str | None = None) -> dict:

@@ -178,6 +178,46 @@ def test_packed_linears_leave_large_batches_to_f_linear_where_the_cpu_says_so():
     assert vllm_model.onednn_row_limits() == onednn_row_limits(torch.backends.cpu.get_cpu_capability())
 
 
+def test_packed_linears_give_a_few_rows_to_onednn_unless_one_row_on_one_thread():
+    """A request's thinning tail: one row on one thread stays on MKL's matrix-vector product; 2-3 rows, and
+    any row count with more threads, go to oneDNN (MKL ran them on one thread, 1.3-3.2x slower here). The
+    floor is read from the threads at each refresh, i.e. after the engine set its own."""
+    pytest.importorskip("vllm")
+    from vllm import _custom_ops as ops
+
+    from elr_rl.model.vllm_model import PackedLinears, small_rows_floor
+
+    if not getattr(ops, "_supports_onednn", False):
+        pytest.skip("this vLLM build has no oneDNN matmul")
+    assert (small_rows_floor(1), small_rows_floor(2), small_rows_floor(16)) == (2, 1, 1)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(64, 32, bias=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        packed = PackedLinears(net, max_rows={})
+        calls = []
+        real = packed.ops.onednn_mm
+        packed.ops = type("Spy", (), {"onednn_mm": staticmethod(lambda *a: calls.append(a[1].shape[0]) or real(*a)),
+                                      "create_onednn_mm": staticmethod(ops.create_onednn_mm)})
+        packed.refresh()
+        with torch.no_grad():
+            for rows in (1, 2, 3):
+                x = torch.randn(rows, 64)
+                torch.testing.assert_close(net(x), torch.nn.functional.linear(x, net.weight), rtol=1e-5, atol=1e-5)
+            assert calls == [2, 3], calls
+            torch.set_num_threads(2)
+            packed.mark_stale()  # a load: the next refresh reads the threads again
+            packed.refresh()
+            net(torch.randn(1, 64))
+            assert calls == [2, 3, 1], calls
+        fixed = PackedLinears(torch.nn.Linear(8, 8), min_rows=4)
+        fixed.refresh()
+        assert fixed.min_rows == 4
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_cpu_gemm_choice_follows_the_override_platform_and_build():
     """"onednn" and "onednn_all" run oneDNN on CPU in eager mode where vLLM's build has it, F.linear
     everywhere else; an unknown value names the choices."""

@@ -260,3 +260,27 @@ def test_kv_cache_sits_on_huge_pages(served):
     assert report["advised_bytes"] >= kv - 2 * huge_pages.HUGE_PAGE * storages, report  # less partial pages
     assert report["collapsed_bytes"] == report["advised_bytes"] or report["errors"], report
     assert huge_pages.huge_bytes() >= report["collapsed_bytes"]  # this process holds them (in-process engine)
+
+
+def test_bench_runs_vllm_on_the_plain_decoders_lengths(served):
+    """scripts/bench_rollout.py compares vLLM with generate() on the same useful tokens: each row runs exactly
+    the length generate() sampled for it, the stop token ignored, and a group's rows (one request each) still
+    share their prompt's KV as the n samples of one request do."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import bench_rollout
+
+    engine = served["engine"]
+    prompts = [list(range(30, 100)), list(range(110, 150))]  # 70 and 40 tokens: tails of 5 and 7 past a block
+    lengths = [9, 1, 30, 4, 17, 2]  # prompt-major, 3 samples each, as generate() lays out its rows
+    before = engine.prefill_counts()
+    run = bench_rollout.bench_vllm_matched(engine, prompts, lengths, k=3, samples=3)
+    assert run["lengths"] == lengths and run["tokens"] == run["computed"] == sum(lengths)
+    assert run["prompt_tokens_copied"] == 2 * 5 + 2 * 7, run
+    assert run["prompt_tokens_computed"] == 70 + 40 + 2 * 2, run
+    after = engine.prefill_counts()
+    assert after["prompt_tokens"] - before["prompt_tokens"] == 3 * 110
+    with pytest.raises(ValueError, match="6 lengths for 4 rows"):
+        bench_rollout.bench_vllm_matched(engine, prompts, lengths, k=3, samples=2)
