@@ -94,8 +94,9 @@ class EngineOptions:
     cpu_gemm: str = "onednn"
     """CPU only: the projections' matmul: "onednn" (vLLM's oneDNN kernel on weights packed after each load;
     1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC, where fp32 batches of 96 rows and more
-    still go to F.linear, faster there: `vllm_model.onednn_row_limits`), "onednn_all" (oneDNN at every
-    batch size) or "torch" (F.linear)."""
+    still go to F.linear, faster there: `vllm_model.onednn_row_limits`; one row on one thread stays on MKL's
+    matrix-vector product, `vllm_model.small_rows_floor`), "onednn_all" (oneDNN at every batch size from that
+    floor) or "torch" (F.linear)."""
     cpu_attention: str = "elr"
     """CPU only: decode steps' attention: "elr" (`elr_rl.model.cpu_attention`, our kernel on vLLM's paged
     cache, compiled for the machine on first use; 2.2x vLLM-CPU's kernel on a 512-sequence step at context
