@@ -292,8 +292,8 @@ class PackedLinears:
     GFLOP/s on an AVX2 AMD EPYC where oneDNN on the same shapes ran 1.2-2x faster. The few rows of a
     request's thinning tail: rows below `min_rows` stay on MKL, by default (`small_rows_floor`) one row
     on one thread only. On that CPU (one layer's seven projections, d = 1024, fp32) MKL's one-row
-    product was level with oneDNN's or ahead (3.2-4.1 against 4.2-4.4 ms), but at 2-3 rows oneDNN was
-    1.3-1.8x faster (3.7-4.6 against 5.5-7.7 ms); and with 2 threads MKL ran 1-4 rows on one thread
+    product was level with oneDNN's or ahead (3.2-4.1 against 4.0-4.4 ms), but at 2-3 rows oneDNN was
+    1.3-1.8x faster (3.7-4.6 against 5.4-7.7 ms); and with 2 threads MKL ran 1-4 rows on one thread
     (3.2-6.6 ms, no faster than with one) where oneDNN used both (2.1-3.2 ms, 1.3-3.2x).
     At the other end, on the same CPU in fp32, MKL beat oneDNN from about 96 rows up (83 against 75
     GFLOP/s at 192-512 rows of this model's shapes, one thread; level at 64, oneDNN ahead below):
@@ -307,7 +307,7 @@ class PackedLinears:
         from vllm import _custom_ops as ops
 
         self.ops, self.fixed_min_rows = ops, min_rows
-        self.min_rows = small_rows_floor() if min_rows is None else min_rows  # again at each refresh
+        self.min_rows = min_rows or 1  # set by each refresh, which runs before the first matmul (stale below)
         self.max_rows = onednn_row_limits() if max_rows is None else max_rows
         self.layers = [m for m in model.modules() if type(m) is nn.Linear]
         self.handles: dict[int, object] = {}
