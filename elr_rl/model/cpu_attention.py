@@ -15,7 +15,10 @@ elr vllm` the engine with each.
 The same extension holds `csrc/elementwise.cpp`, the one-pass RMSNorm and rotary kernels of
 `cpu_elementwise`. It is compiled on first use for the machine it runs on (g++, -march=native; cached by
 PyTorch's extension builder under $TORCH_EXTENSIONS_DIR, keyed by the sources, the CPU's flags and torch's
-version; a lock left by a build that was killed is cleared after STALE_LOCK_SECONDS).
+version; a lock left by a build that was killed is cleared after STALE_LOCK_SECONDS). The build reads copies
+of the sources kept in its own folder, not the package's files: ninja rebuilds whenever a source's path
+changes, and a Ray job runs its own copy of the working directory, so every job's rollout workers compiled
+the kernels again (about two minutes on two cores) before any rollout.
 Where it cannot be built, `load()` says why and vLLM's own kernel runs. It covers decode-only batches
 (one query token per sequence) with bf16 or fp32 caches, head_dim 32/64/128/256, 1/2/4/8 query heads per
 KV head, block sizes that are multiples of 32, and an optional sliding window; anything else (prefill,
@@ -77,11 +80,12 @@ def load():
         try:
             from torch.utils.cpp_extension import load as build
 
-            _clear_stale_lock(build_name())
-            logger.info("compiling the decode-attention kernel for this CPU (once; cached by torch's extension builder)")
+            name = build_name()
+            _clear_stale_lock(name)
+            logger.info("loading the decode-attention kernel (compiled once per CPU, sources and torch version)")
             _module = build(
-                name=build_name(),
-                sources=[str(f) for f in SOURCES],
+                name=name,
+                sources=[str(f) for f in stable_sources(name)],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
@@ -90,6 +94,37 @@ def load():
             _error = f"{type(exc).__name__}: {exc}"
             logger.warning("elr decode attention unavailable, vLLM's CPU kernel runs instead: %s", _error)
         return _module
+
+
+def stable_sources(name: str) -> list[Path]:
+    """The sources, copied into the build's folder under fixed paths: the same build wherever the package lives.
+
+    The folder is named by a hash of the sources' contents, so a file already there is the same file; it is
+    never rewritten (a newer mtime would make ninja rebuild). A new file appears whole or not at all (written
+    aside, then hard-linked into place), so two processes loading at once cannot read a half-written copy."""
+    import os
+    import tempfile
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    folder = Path(_get_build_directory(name, verbose=False)) / "src"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for src in SOURCES:
+        dst = folder / src.name
+        if not dst.exists():
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{src.name}.")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(src.read_bytes())
+                try:
+                    os.link(tmp, dst)
+                except FileExistsError:
+                    pass  # another process put the same file there first
+            finally:
+                os.unlink(tmp)
+        paths.append(dst)
+    return paths
 
 
 STALE_LOCK_SECONDS = 600  # a build takes about a minute here

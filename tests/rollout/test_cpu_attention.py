@@ -181,3 +181,32 @@ def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path, monkeypatc
     os.utime(lock, (old, old))
     cpu_attention._clear_stale_lock("elr_lock_test")
     assert not lock.exists()
+
+
+def test_a_copy_of_the_package_elsewhere_reuses_the_build(tmp_path):
+    """A Ray job runs a copy of the working directory at a new path: loading the kernels from there must find
+    the build already made (ninja rebuilt on any change of a source's path: two minutes per job here)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    name = cpu_attention.build_name()
+    library = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
+    assert library.exists()  # built by this module's skip check
+    built = library.stat().st_mtime_ns
+    package = Path(cpu_attention.__file__).parents[1]
+    shutil.copytree(package, tmp_path / "copy" / "elr_rl", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO); "
+            "from elr_rl.model import cpu_attention as c; "
+            "assert c.__file__.startswith(sys.argv[1]), c.__file__; "
+            "m = c.load(); assert m is not None, c.load_error(); print(c.build_name())")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "copy")}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "copy")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [name]
+    assert library.stat().st_mtime_ns == built, "the copy compiled the kernels again"
