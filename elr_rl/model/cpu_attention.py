@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -102,9 +104,6 @@ def stable_sources(name: str) -> list[Path]:
     The folder is named by a hash of the sources' contents, so a file already there is the same file; it is
     never rewritten (a newer mtime would make ninja rebuild). A new file appears whole or not at all (written
     aside, then hard-linked into place), so two processes loading at once cannot read a half-written copy."""
-    import os
-    import tempfile
-
     from torch.utils.cpp_extension import _get_build_directory
 
     folder = Path(_get_build_directory(name, verbose=False)) / "src"
