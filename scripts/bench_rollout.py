@@ -47,9 +47,11 @@ in this run with the same threads and dtype (the ceiling):
 The dtype is the one whose measured ceiling is higher (bf16 is not assumed faster: an AVX2-only
 CPU runs it ~60x slower than fp32), printed with the CPU flags that explain it.
 
-On CPU the vLLM model's projections run vLLM's oneDNN matmul on packed weights (`EngineOptions.cpu_gemm`;
-on an AVX2 CPU fp32 batches of 96 rows and more go to F.linear); --cpu-gemm onednn onednn_all torch also runs
-the request with oneDNN at every batch size and with torch's F.linear only, and prints the ratios. Decode steps' attention
+On CPU the vLLM model's projections run on packed weights (`EngineOptions.cpu_gemm`): an fp32 model on an
+AVX2 CPU runs our few-row kernel below 1024 rows (elr_rl/model/cpu_gemm.py) and MKL above, anything else
+vLLM's oneDNN matmul; --cpu-gemm elr onednn onednn_all torch also runs the request with oneDNN (MKL from 96
+fp32 rows on AVX2), oneDNN at every batch size and torch's F.linear only, and prints the ratios (with
+--compare-only, on the matched rows). Decode steps' attention
 runs our kernel (`EngineOptions.cpu_attention`, elr_rl/model/cpu_attention.py); --cpu-attention elr vllm also
 runs the request with vLLM-CPU's own attention kernel and prints the ratio. The engine backs its KV cache and
 parameters with 2 MiB pages (`EngineOptions.huge_pages`); --huge-pages on off also runs the request without.
@@ -89,10 +91,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ks", type=int, nargs="+", default=[1, 4])
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM KV-cache block size (default: the engine's, 32 on CPU; 128 is vLLM-CPU's own)")
-    p.add_argument("--cpu-gemm", nargs="+", default=["onednn"], choices=["onednn", "onednn_all", "torch"],
-                   help="vLLM on CPU: the projections' matmul (oneDNN on packed weights with MKL for large fp32 "
-                        "batches on AVX2, oneDNN at every size, or torch's F.linear); "
-                        "the first is the one compared with PyTorch, each other adds rows `vllm_request-<gemm>` and a ratio")
+    p.add_argument("--cpu-gemm", nargs="+", default=["elr"], choices=["elr", "onednn", "onednn_all", "torch"],
+                   help="vLLM on CPU: the projections' matmul (our few-row fp32 kernel where it applies, else "
+                        "oneDNN; oneDNN on packed weights with MKL for large fp32 batches on AVX2; oneDNN at every "
+                        "size; or torch's F.linear); the first is the one compared with PyTorch, each other adds "
+                        "rows `vllm_request-<gemm>` (with --compare-only `vllm_matched-<gemm>`) and a ratio")
     p.add_argument("--cpu-attention", nargs="+", default=["elr"], choices=["elr", "vllm"],
                    help="vLLM on CPU: decode attention (our kernel, or vLLM-CPU's); the first is the one every "
                         "other row uses, each other adds rows `vllm_request-attn-<kernel>` and a ratio")
@@ -436,8 +439,7 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         for a in args.cpu_attention[1:]] + [
         (f"vllm_request-pages-{h}", f"ratio_pages_{args.huge_pages[0]}_over_{h}", {"huge_pages": h == "on"})
         for h in args.huge_pages[1:]]
-    if args.compare_only:
-        variants = variants[:1]
+    # --compare-only: each other engine runs the matched rows only (row `vllm_matched-<variant>`), for the ratio
     pages: dict = {}
     for i, (name, _, changed) in enumerate(variants):
         raw.setdefault(name, {})
@@ -452,6 +454,9 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
                     raw["vllm"][k] = bench_vllm(engine, few, codec, k, args, args.compare_samples)
                     raw["vllm_matched"][k] = bench_vllm_matched(engine, few, raw["pytorch"][k]["lengths"], k,
                                                                 args.compare_samples)
+                elif args.compare_only:  # the other engines on the same matched rows, for the ratio
+                    raw.setdefault("vllm_matched" + name[len("vllm_request"):], {})[k] = bench_vllm_matched(
+                        engine, few, raw["pytorch"][k]["lengths"], k, args.compare_samples)
                 if args.compare_only:
                     continue
                 raw[name][k] = bench_vllm(engine, request, codec, k, args, args.samples, time_prefill=True)
@@ -472,7 +477,7 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
                  "ceiling_samples_gflops": [round(r, 1) for r in rates], "kv_bytes_per_token": kv,
                  "attention_kernel": kernels, "huge_page_mib": pages}
     for name, runs in raw.items():
-        rows = few if name in ("pytorch", "vllm", "vllm_matched") else stream if name == "vllm_stream" else request
+        rows = few if name in ("pytorch", "vllm") or name.startswith("vllm_matched") else stream if name == "vllm_stream" else request
         res[name] = {f"k{k}": summarise({**run, "cap": args.new_tokens}, model, k, rows, ceiling)
                      for k, run in runs.items()}
     res["vllm_full_batch"] = {}
@@ -491,9 +496,10 @@ def run_at_threads(threads: int, model, ckpt: str, prompts, codec, dtype: str, a
         for kk in res["vllm_matched"]}
     res["ratio_vllm_sampled_over_pytorch"] = {
         kk: round(res["vllm"][kk]["tokens_per_s"] / res["pytorch"][kk]["tokens_per_s"], 2) for kk in res["vllm"]}
-    for name, key, _ in variants[1:]:  # the first engine over each other one, same request, same run
-        other = res[name]
-        res[key] = {kk: round(res["vllm_request"][kk]["tokens_per_s"] / other[kk]["tokens_per_s"], 2) for kk in other}
+    for name, key, _ in variants[1:]:  # the first engine over each other one, same request (or rows), same run
+        first, other = ("vllm_matched", "vllm_matched" + name[len("vllm_request"):]) if args.compare_only else (
+            "vllm_request", name)
+        res[key] = {kk: round(res[first][kk]["tokens_per_s"] / s["tokens_per_s"], 2) for kk, s in res[other].items()}
     # The goal: ahead by at least the plain decoder's waste, computed / useful tokens.
     res["plain_waste_factor"] = {kk: round(1 / (1 - res["pytorch"][kk]["waste"]), 2) for kk in res["pytorch"]}
     return res
@@ -557,7 +563,7 @@ def print_table(r: dict, head: dict) -> None:
     print(f"vLLM and generate() on the first {head['compare_prompts']} prompts x {head['compare_samples']} samples "
           f"({few} sequences):")
     print(f"{'':26s}{'useful tok/s':>13s}{'mean/max len':>14s}{'waste':>8s}{'decode MFU':>12s}")
-    for engine in ("vllm", "vllm_matched", "pytorch"):
+    for engine in ["vllm", "vllm_matched", *[n for n in r if n.startswith("vllm_matched-")], "pytorch"]:
         for kk, s in r[engine].items():
             print(f"{engine + ' ' + kk:26s}{s['tokens_per_s']:>13}{str(s['mean_len']) + '/' + str(s['max_len']):>14s}"
                   f"{s['waste']:>8}{s['mfu']:>12.1%}")

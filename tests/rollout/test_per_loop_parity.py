@@ -207,15 +207,18 @@ def _gemm_of(worker) -> tuple[str, int, int]:
 
 
 def test_cpu_projections_run_on_packed_weights(served):
-    """On CPU every projection runs vLLM's oneDNN matmul on packed weights (the parity tests above then
-    check its results, also after weight updates); on other devices the model keeps F.linear."""
+    """On CPU every projection runs on packed weights: this fp32 engine runs our few-row kernel where it
+    applies (an AVX2 CPU, `cpu_gemm.available()`), vLLM's oneDNN matmul elsewhere (the parity tests above
+    then check its results, also after weight updates); on other devices the model keeps F.linear."""
+    from elr_rl.model import cpu_gemm
+
     engine = served["engine"]
     engine.generate(PROMPTS[:1], n=4, max_tokens=2, temperature=1.0)
     gemm, packed, linears = engine.llm.collective_rpc(_gemm_of)[0]
     if engine.platform != "cpu":
         assert gemm == "torch" and packed == 0
         return
-    assert gemm == "onednn" and packed == linears > 0
+    assert gemm == ("elr" if cpu_gemm.available() else "onednn") and packed == linears > 0
 
 
 def _layers_of(worker) -> int:

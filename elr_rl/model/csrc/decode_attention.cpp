@@ -776,6 +776,9 @@ bool vectorised_f32() {
 // csrc/elementwise.cpp, built into the same module (elr_rl/model/cpu_elementwise.py).
 torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor rotary_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t rot);
+// csrc/small_gemm.cpp (elr_rl/model/cpu_gemm.py).
+torch::Tensor gemm_f32_panels(torch::Tensor x, torch::Tensor panels, int64_t n, c10::optional<torch::Tensor> bias);
+bool vectorised_gemm();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "decode attention over a paged KV cache (vLLM-CPU layout)");
@@ -783,4 +786,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_bf16", &rotary_bf16, "the model's neox rotary embedding on bf16 [T, H, D] in one pass");
   m.def("vectorised_bf16", &vectorised_bf16, "whether bf16 caches run the AVX-512 path");
   m.def("vectorised_f32", &vectorised_f32, "whether fp32 caches run the AVX2 path");
+  m.def("gemm_f32_panels", &gemm_f32_panels, "fp32 x W^T + b with W packed in panels of 16 columns (few rows)");
+  m.def("vectorised_gemm", &vectorised_gemm, "whether gemm_f32_panels runs the AVX2 + FMA kernel");
 }
