@@ -2,9 +2,9 @@
 
 A decode step multiplies every projection's weight by one row per running sequence: 1-64 rows in a small
 batch or a request's thinning tail. On an AVX2-only AMD EPYC (Zen 3), fp32, this model's shapes, MKL and
-oneDNN ran those products far under the machine's matmul ceiling (one thread: 7-34 and 8-54 GFLOP/s at 1-64
-rows against 60-85); the kernel here ran the same products 1.1-1.8x faster than the faster of the two, on one
-thread and on two (`scripts/bench_gemm.py` prints the table). It reads a copy of the weight packed in panels
+oneDNN ran those products far under the machine's matmul ceiling (one thread: 6-48 and 5-57 GFLOP/s at 1-64
+rows against a ceiling of 67-77); the kernel here ran them 0.97-1.48x the faster of the two at 1-4 rows and
+1.09-1.36x at 8-256 on one thread, 1.26-2.88x at 1-128 rows on two (`scripts/bench_gemm.py`, two runs). It reads a copy of the weight packed in panels
 of 16 output columns (`pack_panels`), made after each weight load, as vLLM's oneDNN handles are.
 
 The kernel is built into the decode-attention extension (`cpu_attention.load`, compiled for the machine on

@@ -294,8 +294,9 @@ class PackedLinears:
 
     `kernel` "elr": our few-row fp32 kernel (`elr_rl.model.cpu_gemm`, weights in panels of 16 columns) for
     batches below `max_rows[dtype]` rows (`elr_row_limits`), F.linear (MKL) from there up and for other
-    dtypes. On an AVX2 AMD EPYC (Zen 3), fp32, this model's shapes, it ran 1-512 rows faster than both MKL and
-    oneDNN, on one thread and on two (`scripts/bench_gemm.py`); from about 2048 rows MKL is faster.
+    dtypes. On an AVX2 AMD EPYC (Zen 3), fp32, this model's shapes, it ran 2-128 rows faster than both MKL and
+    oneDNN on one thread and on two, and one row level with MKL on one thread (`scripts/bench_gemm.py`); from
+    about 2048 rows MKL is faster.
     `kernel` "onednn": vLLM's oneDNN matmul. torch's `F.linear` goes to MKL, whose fp32 GEMM with 8 rows (a
     decode step's batch) ran at 8-25 GFLOP/s on that CPU where oneDNN on the same shapes ran 1.2-2x faster.
     The few rows of a request's thinning tail: rows below `min_rows` stay on MKL, by default

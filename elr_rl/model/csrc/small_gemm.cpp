@@ -2,8 +2,8 @@
 //
 // A decode step multiplies each projection's weight by as many rows as sequences are running: 1-64 in a
 // request's tail or a small batch. On an AVX2-only AMD EPYC (Zen 3), one thread, this model's shapes
-// (1024 -> 256..2816, 2816 -> 1024), MKL's fp32 GEMM ran such products at 7-34 GFLOP/s and oneDNN's at 8-54
-// against a ceiling of 60-85: both library kernels are built for large products. This one keeps the weight in
+// (1024 -> 256..2816, 2816 -> 1024), MKL's fp32 GEMM ran such products at 6-48 GFLOP/s and oneDNN's at 5-57
+// against a ceiling of 67-77: both library kernels are built for large products. This one keeps the weight in
 // panels of 16 output columns, each panel's K rows of 16 floats contiguous (`pack_panels`, done once per
 // weight load), and computes a block of up to 6 rows against one panel in 12 AVX2 registers: per k, two loads
 // of the panel, one broadcast per row and two fused multiply-adds per row, the weight read from memory once per
