@@ -94,8 +94,9 @@ class EngineOptions:
     cpu_gemm: str = "elr"
     """CPU only: the projections' matmul: "elr" (our few-row fp32 kernel, `elr_rl.model.cpu_gemm`, on weights
     packed in panels after each load, for batches below 1024 rows, MKL above; on an AVX2 AMD EPYC 1.09-1.36x
-    the faster of MKL and oneDNN at 8-256 rows on one thread, 1.26-2.88x at 1-128 rows on two, `scripts/bench_gemm.py`; used where the model is fp32 and the
-    CPU runs torch at AVX2, i.e. has no AVX-512; elsewhere it means "onednn"), "onednn" (vLLM's oneDNN kernel on weights packed after each load;
+    the faster of MKL and oneDNN at 8-256 rows on one thread, 1.26-2.88x at 1-128 rows on two,
+    `scripts/bench_gemm.py`; used where the model is fp32 and the CPU runs torch at AVX2, i.e. has no AVX-512;
+    elsewhere it means "onednn"), "onednn" (vLLM's oneDNN kernel on weights packed after each load;
     1.2-2x MKL's F.linear at decode batch sizes on an AVX2 AMD EPYC, where fp32 batches of 96 rows and more
     still go to F.linear, faster there: `vllm_model.onednn_row_limits`; one row on one thread stays on MKL's
     matrix-vector product, `vllm_model.small_rows_floor`), "onednn_all" (oneDNN at every batch size from that
