@@ -28,7 +28,7 @@ from typing import Any
 from curriculum.passrates import RolloutResult
 from curriculum.routing import Assignment
 from elr_rl.rl.config import RLConfig
-from elr_rl.rl.messages import AsyncMode, GenerateReply, Group
+from elr_rl.rl.messages import AsyncMode, GenerateReply, Group, StepResult
 from elr_rl.rl.run_state import RunState, checkpoint_dir, latest_checkpoint, mark_latest, save_run_state
 from elr_rl.rl.samples import RolloutBuffer, learner_batches, select_samples
 from elr_rl.rl.stats import BatchInfo, StepWindow
@@ -55,6 +55,19 @@ class Training:
         return len(ray.wait(self.refs, num_returns=len(self.refs), timeout=0)[0]) == len(self.refs)
 
 
+def queued_start(submitted: float, results: list[StepResult], now: float | None = None,
+                 now_unix: float | None = None) -> float:
+    """Where the driver's view (`perf_counter`) of a learner step queued behind another begins: when the ranks
+    returned that other step (`results`), since each rank starts the queued one then, not when the driver
+    noticed, which lags by whatever its loop was doing; never before the step was submitted. The ranks' end
+    comes as `time.time()`, the one clock processes share (ranks on other nodes: to NTP's skew)."""
+    now = time.perf_counter() if now is None else now
+    now_unix = time.time() if now_unix is None else now_unix
+    ended = [r.ended_unix for r in results if r.ended_unix is not None]
+    lag = max(0.0, now_unix - min(ended)) if ended else 0.0
+    return max(submitted, now - lag)
+
+
 class Driver:
     def __init__(self, cfg: RLConfig) -> None:
         self.cfg = cfg
@@ -74,6 +87,8 @@ class Driver:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
+        import ray
+
         stop_at = self.cfg.run.stop_after_steps or self.cfg.run.total_steps
         self.bar = None
         try:
@@ -99,9 +114,10 @@ class Driver:
                     self.reports = []
                 if self.trainings and self.trainings[0].done():
                     finished = self.trainings.popleft()
-                    if self.trainings:  # the queued step runs from here (the driver's view of the learner)
-                        self.trainings[0].started = max(self.trainings[0].started, time.perf_counter())
-                    self._end_step(finished, stop_at)
+                    results = ray.get(finished.refs)  # done: no wait
+                    if self.trainings:  # the queued step ran from the moment the ranks returned this one
+                        self.trainings[0].started = queued_start(self.trainings[0].started, results)
+                    self._end_step(finished, stop_at, results)
                 if self._may_submit(stop_at):
                     training = self._start_training()
                     if training is not None:
@@ -267,11 +283,9 @@ class Driver:
         return Training(self.learner.train_step(lb.microbatches, lb.ks, lr, parity), info, time.perf_counter(),
                         parity)
 
-    def _end_step(self, training: Training, stop_at: int) -> None:
-        """The learner step finished: publish its weights, log its row, validate and save when due."""
-        import ray
-
-        results = ray.get(training.refs)
+    def _end_step(self, training: Training, stop_at: int, results: list[StepResult]) -> None:
+        """The learner step finished (`results`, its ranks'): publish its weights, log its row, validate and
+        save when due."""
         learner_s = time.perf_counter() - training.started
         self.step += 1
         self.version += 1

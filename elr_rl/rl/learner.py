@@ -221,7 +221,7 @@ class LearnerRank:
         scored = self.logprobs(*parity) if parity is not None and self.rank == 0 else None
         self._ended = time.perf_counter()
         return StepResult(losses, grad_norm, stats, serialize_s, ref, compute_s=compute_s, cpu_s=cpu_s,
-                          parity_logprobs=scored, wait_s=wait_s, borrowed_core_s=borrowed_s)
+                          parity_logprobs=scored, wait_s=wait_s, borrowed_core_s=borrowed_s, ended_unix=time.time())
 
     def weights(self) -> np.ndarray:
         """The full state dict as the bytes of a safetensors file (what rollout workers load), in a uint8

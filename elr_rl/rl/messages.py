@@ -99,3 +99,4 @@ class StepResult:
     parity_logprobs: list[list[float]] | None = None  # rank 0: the step's parity sequences scored by the new weights
     wait_s: float | None = None  # seconds the rank sat idle between its previous step's end and this one (None: first)
     borrowed_core_s: float = 0.0  # core-seconds the rank ran on idle rollout cores it borrowed (learner.borrow_idle_cores)
+    ended_unix: float | None = None  # time.time() when the rank returned: where a step queued behind this one began

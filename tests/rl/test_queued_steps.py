@@ -10,9 +10,9 @@ import pytest
 
 from curriculum.routing import Assignment
 from elr_rl.rl.config import RLConfig
-from elr_rl.rl.driver import Driver
+from elr_rl.rl.driver import Driver, queued_start
 from elr_rl.rl.fleet import RolloutFleet
-from elr_rl.rl.messages import FinishReason, Group, Sample
+from elr_rl.rl.messages import FinishReason, Group, Sample, StepResult
 
 
 def _driver(mode: str = "async", queued_steps: int = 1, save_interval: int = 1000, step: int = 0,
@@ -157,3 +157,22 @@ def test_collected_checks_are_compared_only_for_the_version_the_learner_scored(r
     fleet._parity = (7, [[0.0]], out_of_memory.remote())  # the worker's call failed: counted, the run goes on
     assert fleet.collect_parity(timeout=30) is None and fleet._parity is None
     assert fleet.parity_summary()["worker_error"] == 1
+
+
+def _result(ended_unix):
+    return StepResult([0.0], 1.0, [], 0.0, ended_unix=ended_unix)
+
+
+def test_a_queued_step_is_timed_from_when_the_ranks_returned_the_one_ahead():
+    """The driver notices a finished step late (busy collecting rollouts); the queued step began on the ranks
+    when the first of them returned, so the driver's view of it starts there (a CI run once had the learner's
+    own compute time exceed the driver's view of the step, by that lag)."""
+    now, now_unix = 1000.0, 5_000.0
+    results = [_result(now_unix - 0.8), _result(now_unix - 0.3)]  # ranks returned 0.8 and 0.3 s ago
+    assert queued_start(990.0, results, now, now_unix) == pytest.approx(999.2)
+    # never before the queued step was submitted
+    assert queued_start(999.5, results, now, now_unix) == 999.5
+    # a rank's clock ahead of the driver's (another node): no negative lag
+    assert queued_start(990.0, [_result(now_unix + 2.0)], now, now_unix) == now
+    # results without an end time (an older rank): from when the driver noticed, as before
+    assert queued_start(990.0, [_result(None)], now, now_unix) == now
