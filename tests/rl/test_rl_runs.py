@@ -48,7 +48,10 @@ def test_rl_raises_reward_within_bounded_staleness(toy_checkpoint, ray_cluster, 
     assert summary["step"] == steps and accounted(summary)
     r = rows(tmp_path / "run")
     assert [x["step"] for x in r] == list(range(1, steps + 1))
-    reward = [x["critic/score/mean"] for x in r]
+    # a row's critic/* are the groups that finished since the row before; a queued step that ends soon after the
+    # step ahead can have none (a CI run met one), so its row has no reward
+    reward = [x["critic/score/mean"] for x in r if "critic/score/mean" in x]
+    assert len(reward) >= steps - 6, [sorted(k for k in x if k.startswith("critic/")) for x in r]
     first, last = sum(reward[:8]) / 8, sum(reward[-8:]) / 8
     print(f"reward first 8 steps {first:.3f} -> last 8 steps {last:.3f}")
     assert last > first + 0.1, reward
