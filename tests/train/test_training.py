@@ -213,19 +213,64 @@ for b in batches:
 """
 
 
-def _run_probe(probe: str, tag: str, *args: str) -> dict:
-    """Run PROBE_SETUP + probe with args in a fresh interpreter; the JSON it printed after `tag`."""
+# A probe's parametrized cases run one after another in one fresh interpreter (its own process group and
+# rendezvous port), each from a fresh PROBE_SETUP namespace: importing torch, DeepSpeed and transformers is
+# ~8 s of a ~10 s probe here, so a subprocess per case cost the suite ~80 s. A case that raises is reported
+# as that case's failure; the others still run.
+PROBE_RUNNER = """
+import json, sys, traceback
+setup, body, cases = json.loads(sys.stdin.read())
+for case in cases:
+    sys.argv = [sys.argv[0], *case]
+    print("CASE " + json.dumps(case), flush=True)
+    try:
+        ns = {"__name__": "__probe__"}
+        exec(setup, ns)
+        exec(body, ns)
+    except BaseException:
+        print("CASE_ERROR " + json.dumps(traceback.format_exc()), flush=True)
+    sys.stdout.flush()
+from elr_rl.train.engine import release_process_groups
+release_process_groups()
+"""
+_PROBE_RUNS: dict[str, dict] = {}
+
+
+def _str_cases(cases) -> list[tuple[str, ...]]:
+    return [tuple(str(v) for v in c) for c in cases]
+
+
+def _run_probe(probe: str, tag: str, *args: str, cases: list[tuple[str, ...]] | None = None) -> dict:
+    """The JSON that PROBE_SETUP + probe printed after `tag` for the case args; `cases`: every case of the
+    probe's parametrization, all run in one interpreter the first time any of them is asked for."""
     import os
     import subprocess
     import sys
 
     from elr_rl.train.rank import free_port
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run([sys.executable, "-c", PROBE_SETUP + probe, *args], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.split(tag + " ", 1)[1])
+    cases = [tuple(c) for c in (cases or [args])]
+    assert tuple(args) in cases, (args, cases)
+    if tag not in _PROBE_RUNS or tuple(args) not in _PROBE_RUNS[tag]:
+        body = probe.rstrip().removesuffix("release_process_groups()")  # once, after every case
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        proc = subprocess.run([sys.executable, "-c", PROBE_RUNNER], input=json.dumps([PROBE_SETUP, body, cases]),
+                              capture_output=True, text=True, timeout=300 * len(cases), env=env)
+        runs, case = {}, None
+        for line in proc.stdout.splitlines():
+            if line.startswith("CASE "):
+                case = tuple(json.loads(line[5:]))
+            elif line.startswith("CASE_ERROR "):
+                runs[case] = AssertionError(json.loads(line[11:]) + proc.stderr[-2000:])
+            elif line.startswith(tag + " ") and case is not None:
+                runs[case] = json.loads(line[len(tag) + 1:])
+        for c in cases:  # the interpreter died, or a case printed nothing
+            runs.setdefault(c, AssertionError(f"rc={proc.returncode}, no {tag} line for {c}: {proc.stderr[-3000:]}"))
+        _PROBE_RUNS[tag] = runs
+    res = _PROBE_RUNS[tag][tuple(args)]
+    if isinstance(res, AssertionError):
+        raise res
+    return res
 
 
 ONE_RANK_PROBE = """
@@ -252,12 +297,15 @@ release_process_groups()
 """
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+PRECISIONS = ["fp32", "bf16"]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_one_rank_skips_the_gradient_all_reduce_and_makes_the_same_update(precision):
     """A lone ZeRO-0 rank does not run DeepSpeed's gradient all-reduce (a flatten, a one-rank reduce and a
     copy back of every gradient: 7% of a 47M bf16 learner step), and its updates equal those of the same
     rank with the all-reduce forced back on, over two steps of two accumulated microbatches."""
-    res = _run_probe(ONE_RANK_PROBE, "ONE", precision)
+    res = _run_probe(ONE_RANK_PROBE, "ONE", precision, cases=[(p,) for p in PRECISIONS])
     assert res["flag_True"] is False and res["calls_True"] == 0, res
     assert res["calls_False"] == 2, res  # one all-reduce per accumulation boundary when forced on
     assert res["diff"] == 0.0, res
@@ -288,11 +336,14 @@ release_process_groups()
 """
 
 
-@pytest.mark.parametrize("precision,stage", [("fp32", 0), ("bf16", 0), ("bf16", 2)])
+FUSED_CASES = [("fp32", 0), ("bf16", 0), ("bf16", 2)]
+
+
+@pytest.mark.parametrize("precision,stage", FUSED_CASES)
 def test_optim_fused_reaches_torch_adamw_and_makes_the_same_update(precision, stage):
     """`optim.fused` (the default) gives DeepSpeed torch's fused AdamW kernel (about 5x faster than its per-tensor
     loop on a CPU core), and two steps of it move every weight as the loop does (fp32 masters)."""
-    res = _run_probe(FUSED_PROBE, "FUSED", precision, str(stage))
+    res = _run_probe(FUSED_PROBE, "FUSED", precision, str(stage), cases=_str_cases(FUSED_CASES))
     assert res["kind_True"] == res["kind_False"] == "AdamW", res
     assert all(res["flag_True"]) and not any(res["flag_False"]), res
     assert res["moved"] > 1e-4, res  # every tensor took the update
@@ -327,12 +378,15 @@ release_process_groups()
 """
 
 
-@pytest.mark.parametrize("precision,stage", [("fp32", 0), ("bf16", 0), ("bf16", 2), ("bf16", 3)])
+STAGE_CASES = [("fp32", 0), ("bf16", 0), ("bf16", 2), ("bf16", 3)]
+
+
+@pytest.mark.parametrize("precision,stage", STAGE_CASES)
 def test_serving_weights_are_the_masters_rounded_to_the_asked_dtype(precision, stage):
     """`state_dict_in(dtype)` (what the RL learner publishes to its rollout workers) equals the fp32 masters
     cast to dtype, bitwise, after optimizer steps: also where it hands over the module's own bf16 weights
     without casting (bf16 engine, ZeRO 0-2)."""
-    res = _run_probe(SERVE_PROBE, "SERVE", precision, str(stage))
+    res = _run_probe(SERVE_PROBE, "SERVE", precision, str(stage), cases=_str_cases(STAGE_CASES))
     for name, dtype in (("bf16", "torch.bfloat16"), ("fp32", "torch.float32")):
         assert res[name] == {"names": True, "dtypes": [dtype], "equal": True}, res
     assert res["moved"] > 0, res  # the steps changed every tensor as served
@@ -394,12 +448,12 @@ release_process_groups()
 """
 
 
-@pytest.mark.parametrize("precision,stage", [("fp32", 0), ("bf16", 0), ("bf16", 2), ("bf16", 3)])
+@pytest.mark.parametrize("precision,stage", STAGE_CASES)
 def test_ngpt_renormalisation_one_weight_at_a_time_matches_the_whole_model_pass(precision, stage):
     """After each step nGPT's weights go back on the unit sphere one fp32 master at a time
     (`apply_weight_rule_`): the same weights as the whole-model pass, the masters unit-norm, and the
     module's weights the masters rounded, at every ZeRO stage and precision the learner uses."""
-    res = _run_probe(NGPT_PROBE, "NGPT", precision, str(stage))
+    res = _run_probe(NGPT_PROBE, "NGPT", precision, str(stage), cases=_str_cases(STAGE_CASES))
     one, whole = res["per_weight"], res["whole_model"]
     assert one["ruled"] == whole["ruled"] > 10
     assert one["norm_error"] < 1e-5 and one["module_is_master"], {k: v for k, v in one.items() if k != "weights"}
@@ -445,11 +499,11 @@ release_process_groups()
 """
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_sft_loss_runs_the_head_only_on_labelled_positions(precision):
     """Pretraining and SFT microbatches run the LM head only where a label is (`with_label_rows`), and the
     loss is the one full logits with IGNORE_INDEX give: an SFT prompt costs no head work or logits."""
-    res = _run_probe(LABEL_ROWS_PROBE, "ROWS", precision)
+    res = _run_probe(LABEL_ROWS_PROBE, "ROWS", precision, cases=[(p,) for p in PRECISIONS])
     assert res["train_rows"] == res["targets"] == [14, 7], res  # 2 rows x 7 targets; one row without any
     assert res["pretrain_rows"] == [32], res  # labels everywhere: the batch as it was
     assert res["unchanged"] is True
