@@ -297,6 +297,21 @@ release_process_groups()
 """
 
 
+def test_a_probe_case_that_raises_or_dies_fails_alone():
+    """The shared interpreter must not let a broken case pass: one that raises fails with its traceback, the
+    cases before it keep their results, and a case cut short by the interpreter's death fails with the rest."""
+    raising = 'if sys.argv[1] == "b":\n    raise RuntimeError("boom in b")\nprint("RAISE " + json.dumps(len(batches)))\n'
+    cases = [("a",), ("b",), ("c",)]
+    assert _run_probe(raising, "RAISE", "a", cases=cases) == 4 and _run_probe(raising, "RAISE", "c", cases=cases) == 4
+    with pytest.raises(AssertionError, match="boom in b"):
+        _run_probe(raising, "RAISE", "b", cases=cases)
+    dying = 'import os\nif sys.argv[1] == "b":\n    os._exit(3)\nprint("DIE " + json.dumps(sys.argv[1]))\n'
+    assert _run_probe(dying, "DIE", "a", cases=cases) == "a"
+    for case in ("b", "c"):
+        with pytest.raises(AssertionError, match="rc=3, no DIE line"):
+            _run_probe(dying, "DIE", case, cases=cases)
+
+
 PRECISIONS = ["fp32", "bf16"]
 
 
